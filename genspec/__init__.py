@@ -1,0 +1,8 @@
+"""genspec: generalized speculative decoding.
+
+Convention used everywhere in the code: ``draft_probs`` are the speculator's (cheap model's)
+probabilities, ``target_probs`` the large model's. (The theory paper calls them p and q.)
+"""
+__version__ = "0.1.0"
+
+from genspec.errors import ConfigError, ContextLengthError, GenspecError, InputFileError  # noqa: E402,F401

@@ -1,0 +1,5 @@
+import sys
+
+from genspec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,16 @@
+"""Acceptance rules as pure functions on probability tensors.
+
+Shared by the engine (real models) and the theory simulators (Markov chains), so that the one
+implementation that is checked against the theory is the one that generates text.
+Convention: ``draft_probs`` = speculator (p in the theory), ``target_probs`` = large model (q).
+"""
+from genspec.acceptance.rules import (  # noqa: F401
+    RESIDUALS,
+    ChainVerdict,
+    MultiDraftVerdict,
+    acceptance_probability,
+    residual_distribution,
+    verify_chain,
+    verify_greedy,
+    verify_multidraft,
+)

@@ -1,0 +1,199 @@
+"""The acceptance rules of speculative decoding.
+
+Shapes: ``B`` rows (sequences or Monte-Carlo runs), ``k`` draft positions, ``M`` candidates, ``V``
+vocabulary. Probabilities are any float dtype (float64 in the theory, float32 in the engine).
+
+Rules (theory.md; p = draft, q = target):
+- standard (lossless): keep draft token y with probability min{1, q(y)/p(y)}; at the first rejection
+  draw from the residual norm([q - p]+); if every draft token is kept, draw a bonus token from q.
+- relaxed over-acceptance (lossy, opt-in): keep y with probability min{1, (q(y) + eps)/p(y)} and
+  resample from the OPT residual norm([q - p]+) (minimal bias, Thm 4) or from q itself (UNO).
+- greedy: keep draft tokens while they equal the target's argmax.
+- multi-draft (Algorithm 4's recursive residual verifier): try M candidates in turn against a
+  residual that shrinks after every rejection; the output is still exactly q.
+
+A draft that is deterministic (prompt lookup, retrieval, ...) passes ``draft_probs=None``: its
+distribution is the point mass on the proposed token, and the rules above stay exact for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+RESIDUALS = ("opt", "uno")
+
+
+@dataclass
+class ChainVerdict:
+    """Outcome of verifying one chain of draft tokens per row.
+
+    ``accepted_length[b]`` draft tokens of row b are kept (0..k); ``next_token[b]`` is the token
+    emitted right after them (a residual draw after a rejection, or the bonus token).
+    """
+
+    accepted_length: torch.Tensor  # [B] long
+    next_token: torch.Tensor  # [B] long
+
+
+@dataclass
+class MultiDraftVerdict:
+    """Outcome of verifying M candidates for one position per row.
+
+    ``accepted_index[b]`` is the candidate that was kept, or -1 if all were rejected;
+    ``token[b]`` is the emitted token (the kept candidate, or a draw from the final residual).
+    """
+
+    accepted_index: torch.Tensor  # [B] long
+    token: torch.Tensor  # [B] long
+
+
+def acceptance_probability(target_prob_of_draft: torch.Tensor, draft_prob_of_draft: torch.Tensor,
+                           epsilon: float = 0.0) -> torch.Tensor:
+    """b(y) = min{1, (q(y) + eps) / p(y)}, elementwise. eps = 0 is the lossless rule.
+
+    A token the draft could not have produced (p(y) = 0) is kept iff q(y) + eps > 0.
+    """
+    numerator = target_prob_of_draft + epsilon
+    safe = torch.where(draft_prob_of_draft > 0, draft_prob_of_draft, torch.ones_like(draft_prob_of_draft))
+    ratio = torch.where(draft_prob_of_draft > 0, numerator / safe, (numerator > 0).to(numerator.dtype))
+    return ratio.clamp(max=1.0)
+
+
+def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                          residual: str = "opt") -> torch.Tensor:
+    """The law to resample from after a rejection, ``[..., V]``.
+
+    "opt": norm([q - p]+) (the standard residual, also optimal for the relaxed rule); "uno": q.
+    Where [q - p]+ is all zero (p == q, so a rejection had probability 0 and only rounding got us
+    here) q is returned, which keeps the output law exact.
+    """
+    if residual == "uno":
+        return target_probs
+    if residual != "opt":
+        raise ValueError(f"unknown residual {residual!r}; choose from {RESIDUALS}")
+    positive = (target_probs - draft_probs).clamp(min=0)
+    total = positive.sum(-1, keepdim=True)
+    return torch.where(total > 0, positive / total.clamp(min=torch.finfo(total.dtype).tiny), target_probs)
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of ``probs`` [B, V] (rows need not be normalised exactly)."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _point_mass(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like).scatter_(-1, tokens.unsqueeze(-1), 1.0)
+
+
+def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
+                 draft_probs: torch.Tensor | None = None, draft_lengths: torch.Tensor | None = None,
+                 epsilon: float = 0.0, residual: str = "opt",
+                 generator: torch.Generator | None = None) -> ChainVerdict:
+    """Verify a chain of drafts per row with the standard (or relaxed) rule.
+
+    Args:
+        draft_tokens: ``[B, k]`` proposed tokens.
+        target_probs: ``[B, k + 1, V]``; row i is the target's law for the token at draft position i
+            (row k is the bonus position).
+        draft_probs: ``[B, k, V]`` the draft's law at each position, or None for deterministic drafts.
+        draft_lengths: ``[B]`` valid drafts per row (defaults to k); positions beyond are ignored and
+            the token at the first ignored position is drawn from q, like a bonus token.
+        epsilon: over-acceptance (0 = lossless). residual: "opt" or "uno" (only used if epsilon > 0
+            or for the UNO baseline).
+    """
+    batch, k = draft_tokens.shape
+    rows = torch.arange(batch, device=draft_tokens.device)
+    if draft_lengths is None:
+        draft_lengths = torch.full((batch,), k, dtype=torch.long, device=draft_tokens.device)
+    valid = torch.arange(k, device=draft_tokens.device) < draft_lengths.unsqueeze(1)  # [B, k]
+
+    target_of_draft = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    if draft_probs is None:
+        draft_of_draft = torch.ones_like(target_of_draft)
+    else:
+        draft_of_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    keep_prob = acceptance_probability(target_of_draft, draft_of_draft, epsilon)
+    uniforms = torch.rand(keep_prob.shape, generator=generator, dtype=keep_prob.dtype, device=keep_prob.device)
+    kept = (uniforms < keep_prob) & valid
+    accepted_length = kept.long().cumprod(-1).sum(-1)
+
+    # the token after the kept prefix: residual at a rejected draft, q at a bonus / unused position
+    target_row = target_probs[rows, accepted_length]  # [B, V]
+    rejected_a_draft = accepted_length < draft_lengths
+    at = accepted_length.clamp(max=max(k - 1, 0))
+    if k == 0:
+        draft_row = torch.zeros_like(target_row)
+    elif draft_probs is None:
+        draft_row = _point_mass(draft_tokens[rows, at], target_row)
+    else:
+        draft_row = draft_probs[rows, at]
+    draft_row = draft_row * rejected_a_draft.unsqueeze(-1).to(draft_row.dtype)
+    resample_law = torch.where(rejected_a_draft.unsqueeze(-1),
+                               residual_distribution(target_row, draft_row, residual), target_row)
+    return ChainVerdict(accepted_length, _sample(resample_law, generator))
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor,
+                  draft_lengths: torch.Tensor | None = None) -> ChainVerdict:
+    """Greedy verification: keep drafts while they equal the target's argmax.
+
+    ``target_argmax`` is ``[B, k + 1]``: the target's greedy token at each draft position plus the bonus.
+    """
+    batch, k = draft_tokens.shape
+    matches = draft_tokens == target_argmax[:, :k]
+    if draft_lengths is not None:
+        matches &= torch.arange(k, device=draft_tokens.device) < draft_lengths.unsqueeze(1)
+    accepted_length = matches.long().cumprod(-1).sum(-1)
+    rows = torch.arange(batch, device=draft_tokens.device)
+    return ChainVerdict(accepted_length, target_argmax[rows, accepted_length])
+
+
+def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor,
+                      draft_probs: torch.Tensor | None = None, num_candidates: torch.Tensor | None = None,
+                      epsilon: float = 0.0, residual: str = "opt",
+                      generator: torch.Generator | None = None) -> MultiDraftVerdict:
+    """Recursive residual verification of M candidates for one position (theory.md, Algorithm 4).
+
+    Stage j keeps candidate j with probability min{1, q^j(y_j) / p_j(y_j)}; after a rejection
+    q^{j+1} = norm([q^j - p_j]+). If all are rejected the token is drawn from the last residual.
+    Lossless when the candidates are independent draws y_j ~ p_j (i.i.d. from one draft, or from
+    several drafts), including duplicates: a rejected token has zero residual mass afterwards.
+
+    Args:
+        candidate_tokens: ``[B, M]``.
+        target_probs: ``[B, V]`` the target's law at this position.
+        draft_probs: ``[B, V]`` (all candidates from one law), ``[B, M, V]`` (one law each), or None
+            (deterministic candidates: point masses).
+        num_candidates: ``[B]`` how many of the M columns are real per row (default M).
+    """
+    batch, num_cols = candidate_tokens.shape
+    device = candidate_tokens.device
+    if num_candidates is None:
+        num_candidates = torch.full((batch,), num_cols, dtype=torch.long, device=device)
+    law = target_probs
+    accepted_index = torch.full((batch,), -1, dtype=torch.long, device=device)
+    token = torch.zeros(batch, dtype=torch.long, device=device)
+    open_rows = torch.ones(batch, dtype=torch.bool, device=device)
+    for j in range(num_cols):
+        live = open_rows & (j < num_candidates)
+        if not bool(live.any()):
+            break
+        candidate = candidate_tokens[:, j]
+        if draft_probs is None:
+            stage_draft = _point_mass(candidate, law)
+        else:
+            stage_draft = draft_probs if draft_probs.dim() == 2 else draft_probs[:, j]
+        target_of_candidate = law.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
+        draft_of_candidate = stage_draft.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
+        keep_prob = acceptance_probability(target_of_candidate, draft_of_candidate, epsilon)
+        uniforms = torch.rand(batch, generator=generator, dtype=keep_prob.dtype, device=device)
+        kept = live & (uniforms < keep_prob)
+        accepted_index = torch.where(kept, torch.full_like(accepted_index, j), accepted_index)
+        token = torch.where(kept, candidate, token)
+        open_rows &= ~kept
+        rejected = live & ~kept
+        law = torch.where(rejected.unsqueeze(-1), residual_distribution(law, stage_draft, residual), law)
+    if bool(open_rows.any()):
+        token = torch.where(open_rows, _sample(law, generator), token)
+    return MultiDraftVerdict(accepted_index, token)

@@ -1,0 +1,64 @@
+"""The ``genspec`` command line: ``genspec SUBCOMMAND ...``.
+
+Each subcommand lives in its own module and exposes ``add_parser(subparsers)``; the parser it adds
+sets ``func`` to a callable taking the parsed ``argparse.Namespace`` and returning an exit code.
+Errors a user can fix (:class:`genspec.errors.GenspecError`) are printed as one line, exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand modules, in the order ``genspec --help`` lists them
+_SUBCOMMANDS = [
+    "genspec.theory.cli",
+    "genspec.generate_cli",
+    "genspec.bench.cli",
+    "genspec.serve.cli",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line plus usage, exit 2 (argparse's own convention)
+        self.print_usage(sys.stderr)
+        self.exit(2, f"genspec: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from genspec import __version__
+
+    parser = _Parser(prog="genspec", description="Generalized speculative decoding for language models.")
+    parser.add_argument("--version", action="version", version=f"genspec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in _SUBCOMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # subcommand not written yet
+                continue
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from genspec.errors import GenspecError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2 if args.command is None else 0
+    try:
+        return int(args.func(args) or 0)
+    except GenspecError as exc:
+        print(f"genspec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("genspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

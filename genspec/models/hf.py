@@ -1,0 +1,237 @@
+"""Adapter for any Hugging Face ``AutoModelForCausalLM``.
+
+Design: genspec owns the attention mask. The KV cache (a ``transformers.DynamicCache`` with one full
+layer per decoder layer) holds *slots*; each slot has a position, or -1 for a hole (padding, or a
+token dropped after a rejection in a batch). Every forward passes an explicit 4-D mask built from
+the slot positions, the new block's ancestor (tree) mask and the sliding window, and explicit
+position ids. That one mechanism gives chains, token trees, ragged batches and exact rollback for
+every architecture whose attention takes a prepared 4-D mask (Llama, Gemma 3, Qwen, Mistral, ...).
+
+The LM head is applied by genspec, only to the rows that need it, as ``hidden @ W_t`` with a
+contiguous transposed copy of the head weight: on CPU this is about twice as fast as
+``F.linear`` for one row (see benchmarks/step_cost.py).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from genspec.errors import ConfigError, InputFileError
+from genspec.models.base import CausalLM
+
+
+class HFCausalLM(CausalLM):
+    """A transformers causal LM with genspec's slot cache. Build with :meth:`from_pretrained` or
+    wrap an already loaded model: ``HFCausalLM(model)``."""
+
+    def __init__(self, model, tokenizer=None, fast_head: bool = True):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_context = getattr(self.config, "max_position_embeddings", None)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self._decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self._softcap = getattr(self.config, "final_logit_softcapping", None)
+        self._sliding_window = getattr(self.config, "sliding_window", None)
+        self._layer_types = getattr(self.config, "layer_types", None)
+        head = model.get_output_embeddings()
+        self._head_bias = getattr(head, "bias", None)
+        self._head_weight_t = head.weight.detach().t().contiguous() if fast_head else None
+        self._head = head
+        self.reset(1)
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: str | torch.dtype = "float32",
+                        device: str = "cpu", fast_head: bool = True) -> "HFCausalLM":
+        """Load model and tokenizer from a local directory (never from the network)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(path)
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise InputFileError(f"no model at {path}: expected a directory with config.json and weights")
+        torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ConfigError(f"unknown dtype {dtype!r}")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise InputFileError(f"cannot load model from {path}: {str(exc).splitlines()[0]}") from exc
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError):
+            tokenizer = None
+        return cls(model.to(device), tokenizer, fast_head=fast_head)
+
+    # ---------------------------------------------------------------- cache state
+    @torch.inference_mode()
+    def reset(self, batch_size: int) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.slot_positions = torch.empty(batch_size, 0, dtype=torch.long, device=self.device)
+        self._lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        self._block_start = 0
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self._lengths
+
+    @property
+    def num_slots(self) -> int:
+        return self.slot_positions.shape[1]
+
+    def _cache_tensors(self):
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None:
+                yield layer
+
+    def _select_slots(self, index: torch.Tensor, new_num_slots: int) -> None:
+        """Rewrite slots [start, start + index.shape[1]) of each row from ``index`` (absolute slot
+        numbers, [B, m]) and cut the cache to ``new_num_slots``."""
+        start = new_num_slots - index.shape[1]
+        for layer in self._cache_tensors():
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)  # [B, H, S, D]
+                gather_index = index[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+                moved = tensor.gather(2, gather_index)
+                tensor = tensor[:, :, :new_num_slots]
+                tensor[:, :, start:] = moved
+                setattr(layer, name, tensor)
+
+    @torch.inference_mode()
+    def keep_block(self, keep: torch.Tensor) -> None:
+        start = self._block_start
+        keep = keep.to(self.device)
+        num_kept = (keep >= 0).sum(-1)
+        width = int(num_kept.max()) if keep.numel() else 0
+        keep = keep[:, :width]
+        absolute = torch.where(keep >= 0, keep + start, torch.full_like(keep, start))
+        positions = self._lengths.unsqueeze(1) + torch.arange(width, device=self.device)
+        positions = torch.where(keep >= 0, positions, torch.full_like(positions, -1))
+        self._select_slots(absolute, start + width)
+        self.slot_positions = torch.cat([self.slot_positions[:, :start], positions], dim=1)
+        self._lengths = self._lengths + num_kept
+        self._trim()
+
+    @torch.inference_mode()
+    def truncate(self, lengths: torch.Tensor) -> None:
+        lengths = lengths.to(self.device)
+        drop = self.slot_positions >= lengths.unsqueeze(1)
+        self.slot_positions = self.slot_positions.masked_fill(drop, -1)
+        self._lengths = torch.minimum(self._lengths, lengths)
+        self._trim()
+
+    @torch.inference_mode()
+    def _trim(self) -> None:
+        """Drop trailing slots that are holes in every row, and compact when holes dominate."""
+        used = (self.slot_positions >= 0).any(0).nonzero()
+        num_slots = int(used.max()) + 1 if used.numel() else 0
+        if num_slots < self.num_slots:
+            for layer in self._cache_tensors():
+                layer.keys = layer.keys[:, :, :num_slots]
+                layer.values = layer.values[:, :, :num_slots]
+            self.slot_positions = self.slot_positions[:, :num_slots]
+        longest = int(self._lengths.max()) if self._lengths.numel() else 0
+        if self.num_slots > 64 and self.num_slots > 2 * longest:
+            self._compact(longest)
+
+    @torch.inference_mode()
+    def _compact(self, longest: int) -> None:
+        """Move each row's tokens to the front (in position order), leaving holes only at the end."""
+        order = torch.where(self.slot_positions >= 0, self.slot_positions,
+                            torch.full_like(self.slot_positions, 1 << 40)).argsort(dim=1, stable=True)
+        index = order[:, :longest]
+        positions = self.slot_positions.gather(1, index)
+        self._select_slots(index, longest)
+        self.slot_positions = positions
+
+    # ---------------------------------------------------------------- forward
+    def _attention_masks(self, query_positions: torch.Tensor, tree_mask: torch.Tensor,
+                         valid: torch.Tensor):
+        """Additive 4-D masks ``[B, 1, n, S + n]`` for full and sliding-window attention."""
+        key_positions = torch.cat([self.slot_positions, torch.where(valid, query_positions, -1)], dim=1)
+        cached = (self.slot_positions >= 0).unsqueeze(1).expand(-1, query_positions.shape[1], -1)
+        visible = torch.cat([cached, tree_mask & valid.unsqueeze(1)], dim=2)  # [B, n, S + n]
+        # a padded query sees only itself, so its softmax stays finite; its output is never used
+        n = query_positions.shape[1]
+        eye = torch.eye(n, dtype=torch.bool, device=self.device).unsqueeze(0)
+        pad_query = ~valid
+        visible[:, :, self.num_slots:] |= eye & pad_query.unsqueeze(2)
+        masks = {"full_attention": visible}
+        if self._sliding_window:
+            distance = query_positions.unsqueeze(2) - key_positions.unsqueeze(1)
+            masks["sliding_attention"] = visible & ((distance < self._sliding_window) | pad_query.unsqueeze(2))
+        lowest = torch.finfo(self.dtype).min
+        return {kind: torch.zeros(m.shape, dtype=self.dtype, device=self.device).masked_fill(~m, lowest).unsqueeze(1)
+                for kind, m in masks.items()}
+
+    def _mask_argument(self, masks):
+        if self._layer_types is not None:
+            return {kind: masks.get(kind, masks["full_attention"]) for kind in set(self._layer_types)}
+        if self._sliding_window and getattr(self.config, "use_sliding_window", True):
+            return masks["sliding_attention"]
+        return masks["full_attention"]
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., V]`` from final hidden states ``[..., H]``."""
+        if self._head_weight_t is not None:
+            logits = hidden @ self._head_weight_t
+            if self._head_bias is not None:
+                logits = logits + self._head_bias
+        else:
+            logits = self._head(hidden)
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
+                      tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the decoder on a new block; returns final hidden states ``[B, n, H]`` and ``valid``."""
+        tokens = tokens.to(self.device)
+        batch, n = tokens.shape
+        if batch != self._lengths.shape[0]:
+            raise ValueError(f"model holds {self._lengths.shape[0]} rows, got a block of {batch}")
+        if valid is None:
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+        valid = valid.to(self.device)
+        if tree_mask is None:
+            tree_mask = torch.ones(n, n, dtype=torch.bool, device=self.device).tril().expand(batch, n, n)
+        tree_mask = tree_mask.to(self.device)
+        depth = (tree_mask & valid.unsqueeze(1)).sum(-1) - 1
+        query_positions = self._lengths.unsqueeze(1) + depth.clamp(min=0)
+        if self.max_context is not None and int(query_positions.masked_fill(~valid, 0).max()) >= self.max_context:
+            from genspec.errors import ContextLengthError
+
+            raise ContextLengthError(f"sequence would exceed the model's context of {self.max_context} tokens")
+        masks = self._attention_masks(query_positions, tree_mask, valid)
+        self._block_start = self.num_slots
+        with torch.inference_mode():
+            out = self._decoder(input_ids=tokens, attention_mask=self._mask_argument(masks),
+                                position_ids=query_positions, past_key_values=self.cache, use_cache=True)
+        self.slot_positions = torch.cat([self.slot_positions, torch.full_like(tokens, -1)], dim=1)
+        return out.last_hidden_state, valid
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+        hidden, valid = self.hidden_states(tokens, valid, tree_mask)
+        if last_only:
+            last = valid.long().cumsum(-1).argmax(-1)  # index of the last valid token
+            hidden = hidden[torch.arange(hidden.shape[0], device=self.device), last].unsqueeze(1)
+        with torch.inference_mode():
+            return self.head(hidden)
+
+    @torch.inference_mode()
+    def commit_all(self, valid: torch.Tensor | None = None) -> None:
+        """Keep every valid token of the last block (a prefill or a plain decode step)."""
+        n = self.num_slots - self._block_start
+        keep = torch.arange(n, device=self.device).expand(self._lengths.shape[0], n).clone()
+        if valid is not None:
+            keep = keep.masked_fill(~valid.to(self.device), -1)
+            keep = keep.gather(1, (keep < 0).long().argsort(dim=1, stable=True))  # valid first, in order
+        self.keep_block(keep)

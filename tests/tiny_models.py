@@ -1,0 +1,54 @@
+"""Tiny random-weight transformers models built in code (no network), for exact tests."""
+from __future__ import annotations
+
+import torch
+
+
+def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, hidden: int = 64, dtype=torch.float64):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0)
+    return LlamaForCausalLM(config).to(dtype).eval()
+
+
+def tiny_gemma3(seed: int = 0, vocab: int = 64, layers: int = 3, hidden: int = 64, sliding_window: int = 6,
+                dtype=torch.float64):
+    """Gemma 3 text model with a small sliding window, so that window masking is exercised."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=1,
+                              head_dim=16, max_position_embeddings=256, sliding_window=sliding_window,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"][:layers],
+                              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return Gemma3ForCausalLM(config).to(dtype).eval()
+
+
+def peaked(model, scale: float = 8.0):
+    """Sharpen a random model's next-token laws (random init gives near-uniform ones), so that
+    draft and target differ clearly and acceptance is far from 1."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    return model
+
+
+def exact_joint(model, prompt: list[int], length: int, process) -> torch.Tensor:
+    """Exact law of the next ``length`` tokens, ``[V] * length``, under ``process`` (logits -> probs)."""
+    vocab = model.config.vocab_size
+    joint = torch.ones(())
+    prefixes = [[]]
+    laws = []
+    for _ in range(length):
+        ids = torch.tensor([prompt + p for p in prefixes])
+        with torch.no_grad():
+            probs = process(model(ids).logits[:, -1].double())
+        laws.append(probs)
+        prefixes = [p + [t] for p in prefixes for t in range(vocab)]
+    for depth, probs in enumerate(laws):
+        joint = (joint.reshape(-1, 1) * probs.reshape(-1, vocab) if depth else probs[0]).reshape(-1)
+    return joint.reshape([vocab] * length)
