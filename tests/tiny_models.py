@@ -52,3 +52,28 @@ def exact_joint(model, prompt: list[int], length: int, process) -> torch.Tensor:
     for depth, probs in enumerate(laws):
         joint = (joint.reshape(-1, 1) * probs.reshape(-1, vocab) if depth else probs[0]).reshape(-1)
     return joint.reshape([vocab] * length)
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer built in code (256 byte tokens + <pad> <bos> <eos>), no network."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
+    for symbol in sorted(alphabet):
+        vocab[symbol] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>",
+                                   eos_token="<eos>")
+
+
+def save_tiny_model(directory, seed: int = 0, layers: int = 2, dtype=torch.float32):
+    """Save a tiny Llama with the byte tokenizer to ``directory`` (loadable with from_pretrained)."""
+    tokenizer = byte_tokenizer()
+    model = tiny_llama(seed, vocab=len(tokenizer), layers=layers, dtype=dtype)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

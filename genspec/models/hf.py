@@ -50,7 +50,10 @@ class HFCausalLM(CausalLM):
                         device: str = "cpu", fast_head: bool = True) -> "HFCausalLM":
         """Load model and tokenizer from a local directory (never from the network)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # genspec shows its own progress; keep stderr for errors
+        hf_logging.set_verbosity_error()
         path = Path(path)
         if not path.is_dir() or not (path / "config.json").is_file():
             raise InputFileError(f"no model at {path}: expected a directory with config.json and weights")
