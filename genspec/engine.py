@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from genspec.acceptance import RESIDUALS, verify_chain, verify_greedy, verify_multidraft
+from genspec.draft_length import POLICIES, DraftLength
 from genspec.drafters.base import Draft, Drafter, TreeDraft
 from genspec.errors import ConfigError, ContextLengthError
 from genspec.models.base import CausalLM
@@ -36,6 +37,7 @@ class GenerationConfig:
     eos_token_ids: tuple[int, ...] | None = None
     epsilon: float = 0.0
     residual: str = "opt"
+    draft_length: str = "fixed"
 
     def __post_init__(self):
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
@@ -44,6 +46,8 @@ class GenerationConfig:
             raise ConfigError(f"num_draft_tokens (k) must be an integer >= 1, got {self.num_draft_tokens}")
         if self.epsilon < 0:
             raise ConfigError(f"epsilon must be >= 0, got {self.epsilon}")
+        if self.draft_length not in POLICIES:
+            raise ConfigError(f"draft_length must be one of {POLICIES}, got {self.draft_length!r}")
         if self.residual not in RESIDUALS:
             raise ConfigError(f"residual must be one of {RESIDUALS}, got {self.residual!r}")
         self.stop_strings = tuple(self.stop_strings or ())
@@ -180,28 +184,50 @@ class SpeculativeEngine:
         self._prefill(rows)
         if self.drafter is not None:
             self.drafter.begin([r.prompt for r in rows], sampling, generator)
+        lengths = DraftLength(config.draft_length, config.num_draft_tokens, len(rows))
+        free_drafts = self.drafter is not None and getattr(self.drafter, "deterministic", False)
         while True:
             active = [r.finish_reason is None for r in rows]
             if not any(active):
                 break
-            room = [min(config.num_draft_tokens, config.max_new_tokens - len(r.generated) - 1,
-                        self._context_room(r) - 1) if on else 0 for r, on in zip(rows, active)]
+            room = [max(0, min(config.max_new_tokens - len(r.generated) - 1, self._context_room(r) - 1))
+                    if on else 0 for r, on in zip(rows, active)]
+            wanted = [min(lengths.limit(i), room[i]) for i in range(len(rows))]
+            # a free drafter is still asked when the policy says 0, to score what it would have proposed
+            asked = [min(max(w, 1), room[i]) if free_drafts else w for i, w in enumerate(wanted)]
             tick = time.perf_counter()
-            draft = self._draft([r.sequence for r in rows], [max(0, m) for m in room])
+            draft = self._draft([r.sequence for r in rows], asked)
             drafted_at = time.perf_counter()
+            shadows = self._clip(draft, wanted)
             new_tokens, accepted, drafted = self._verify(rows, active, draft, config, generator)
             verified_at = time.perf_counter()
+            lengths.costs.observe_verify(1 + max(drafted), verified_at - drafted_at)
+            lengths.costs.observe_draft(sum(asked), drafted_at - tick)
             if self.drafter is not None and draft is not None:
                 self.drafter.feedback(accepted)
-            for row, on, tokens, acc, dr in zip(rows, active, new_tokens, accepted, drafted):
+            for i, (row, on, tokens, acc, dr) in enumerate(zip(rows, active, new_tokens, accepted, drafted)):
                 if not on:
                     continue
+                lengths.update(i, dr, acc)
+                lengths.shadow(i, shadows[i], tokens)
                 row.stats.record(dr, acc)
                 row.stats.draft_time_s += drafted_at - tick
                 row.stats.verify_time_s += verified_at - drafted_at
                 self._emit(row, tokens, config, eos)
                 row.stats.total_time_s = time.perf_counter() - started
             yield rows, new_tokens
+
+    @staticmethod
+    def _clip(draft, wanted: list[int]) -> list[list[int]]:
+        """Cut chain drafts to the wanted lengths; return what was cut off where nothing was wanted."""
+        shadows = [[] for _ in wanted]
+        if not isinstance(draft, Draft):
+            return shadows
+        for i, w in enumerate(wanted):
+            if w == 0 and int(draft.lengths[i]) > 0:
+                shadows[i] = draft.tokens[i, :int(draft.lengths[i])].tolist()
+        draft.lengths = torch.minimum(draft.lengths, torch.tensor(wanted, dtype=torch.long))
+        return shadows
 
     def _prefill(self, rows: list[_Row]) -> None:
         """Put every prompt token but the last in the target's cache (the last starts the first block)."""
@@ -231,7 +257,8 @@ class SpeculativeEngine:
         if draft is None:
             draft = Draft(torch.zeros(batch, 0, dtype=torch.long), torch.zeros(batch, dtype=torch.long))
         lengths = draft.lengths * torch.tensor(active, dtype=torch.long)
-        k = draft.tokens.shape[1]
+        k = int(lengths.max()) if batch else 0  # no compute spent on padding columns
+        draft = Draft(draft.tokens[:, :k], lengths, None if draft.probs is None else draft.probs[:, :k])
         last = torch.tensor([r.sequence[-1] for r in rows], dtype=torch.long).unsqueeze(1)
         block = torch.cat([last, draft.tokens], dim=1)
         valid = torch.arange(k + 1).unsqueeze(0) <= lengths.unsqueeze(1)

@@ -1,0 +1,1 @@
+"""Benchmarks: Spec-Bench prompts, fair timing of methods in one process, reports."""

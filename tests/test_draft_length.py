@@ -1,0 +1,73 @@
+"""Draft-length policies: fixed, heuristic schedule, cost-aware choice."""
+from __future__ import annotations
+
+import pytest
+from tiny_models import tiny_llama
+
+from genspec.draft_length import CostModel, DraftLength, expected_tokens
+from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
+from genspec.engine import SpeculativeEngine
+from genspec.errors import ConfigError
+from genspec.models import HFCausalLM
+
+
+def test_expected_tokens_matches_leviathan_table():
+    assert expected_tokens(0.6, 2) == pytest.approx(1.96)
+    assert expected_tokens(0.8, 5) == pytest.approx(3.689, abs=1e-3)
+    assert expected_tokens(0.9, 10) == pytest.approx(6.862, abs=1e-3)
+    assert expected_tokens(1.0, 4) == 5
+
+
+def test_heuristic_schedule():
+    policy = DraftLength("heuristic", k_max=10, batch=1)
+    policy.current[0] = 5
+    policy.update(0, drafted=5, accepted=5)
+    assert policy.limit(0) == 7
+    policy.update(0, drafted=7, accepted=3)
+    assert policy.limit(0) == 6
+    for _ in range(20):
+        policy.update(0, drafted=1, accepted=0)
+    assert policy.limit(0) == 1
+
+
+def test_cost_policy_turns_speculation_off_when_it_cannot_pay():
+    costs = CostModel()
+    costs.observe_verify(1, 0.100)
+    for width in range(2, 10):
+        costs.observe_verify(width, 0.200)  # verifying 2+ tokens costs twice a plain step
+    policy = DraftLength("cost", k_max=8, batch=2, cost_model=costs)
+    for _ in range(30):
+        policy.update(0, drafted=8, accepted=8)  # row 0: everything accepted
+        policy.update(1, drafted=8, accepted=0)  # row 1: nothing accepted
+    assert policy.limit(0) == 8
+    assert policy.limit(1) == 0
+
+
+def test_cost_policy_uses_draft_cost():
+    costs = CostModel()
+    for width in range(1, 10):
+        costs.observe_verify(width, 0.1)
+    costs.observe_draft(tokens=1, seconds=0.05)  # each draft token costs half a target step
+    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs)
+    for _ in range(30):
+        policy.update(0, drafted=4, accepted=2)  # alpha = 2/3
+    k = policy.limit(0)
+    rates = {j: expected_tokens(policy.alpha(0), j) / (0.1 + 0.05 * j) for j in range(0, 9)}
+    assert k == max(rates, key=rates.get)
+    assert 0 < k < 8
+
+
+def test_unknown_policy():
+    with pytest.raises(ConfigError, match="draft length policy"):
+        DraftLength("magic", 4, 1)
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "cost"])
+def test_adaptive_policies_keep_greedy_output(policy):
+    target = HFCausalLM(tiny_llama(0))
+    prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [10, 11, 12]]
+    plain = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=30, eos_token_ids=())
+    for drafter in (PromptLookupDrafter(), DraftModelDrafter(HFCausalLM(tiny_llama(1, layers=1)))):
+        spec = SpeculativeEngine(target, drafter).generate_ids(prompts, max_new_tokens=30, eos_token_ids=(),
+                                                                draft_length=policy, num_draft_tokens=6)
+        assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
