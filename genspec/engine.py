@@ -162,7 +162,7 @@ class SpeculativeEngine:
 
     def stream(self, prompt: str, config: GenerationConfig | None = None, **overrides) -> Iterator[str]:
         """Yield the text of one request in chunks, as tokens are accepted."""
-        shown = ""
+        shown, text = "", ""
         for rows, _ in self._steps(self._encode([prompt]), _config(config, overrides)):
             text = self._decode(rows[0])
             if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
@@ -170,6 +170,8 @@ class SpeculativeEngine:
             if len(text) > len(shown):
                 yield text[len(shown):]
                 shown = text
+        if len(text) > len(shown):  # the end: whatever was held back
+            yield text[len(shown):]
 
     # ------------------------------------------------------------------ the loop
     def _steps(self, prompts: list[list[int]], config: GenerationConfig):

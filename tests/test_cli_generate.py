@@ -81,3 +81,20 @@ def test_vocabulary_mismatch(capsys, model_dirs, tmp_path):
             str(other)]
     assert main(argv) == 2
     assert "vocabularies differ" in capsys.readouterr().err
+
+
+def test_stream_chunks_join_to_the_generated_text(model_dirs):
+    import genspec
+
+    target, _ = model_dirs
+    engine = genspec.load(str(target), drafter="prompt-lookup")
+    chunks = list(engine.stream("abcabcabc", max_new_tokens=16, eos_token_ids=()))
+    full = engine.generate("abcabcabc", max_new_tokens=16, eos_token_ids=())[0]
+    assert len(chunks) >= 2
+    assert "".join(chunks) == full.text
+
+
+def test_stream_cli(capsys, model_dirs):
+    target, _ = model_dirs
+    assert main(["generate", "--model", str(target), "--prompt", "abab", "--max-new-tokens", "5", "--stream"]) == 0
+    assert capsys.readouterr().out.strip() != ""
