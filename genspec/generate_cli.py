@@ -14,6 +14,8 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
     parser.add_argument("--num-drafts", type=int, default=1, help="independent draft chains verified as a tree")
     parser.add_argument("--num-draft-tokens", "-k", type=int, default=8, metavar="K", help="draft tokens per step")
+    parser.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"],
+                        help="draft length policy: fixed k, HF's +2/-1 schedule, or cost-aware (default)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -33,7 +35,8 @@ def generation_config(args):
     return GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,
-                            stop_strings=tuple(args.stop), epsilon=args.epsilon, residual=args.residual)
+                            stop_strings=tuple(args.stop), epsilon=args.epsilon, residual=args.residual,
+                            draft_length=args.draft_length)
 
 
 def add_parser(subparsers) -> None:
@@ -51,6 +54,7 @@ def add_parser(subparsers) -> None:
     demo.add_argument("--drafter", default="prompt-lookup")
     demo.add_argument("--num-draft-tokens", "-k", type=int, default=8, metavar="K")
     demo.add_argument("--max-new-tokens", type=int, default=64)
+    demo.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"])
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(func=run_demo)
 
@@ -131,7 +135,8 @@ def run_demo(args) -> int:
     from rich.table import Table
 
     console = Console(stderr=args.json)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
+                              draft_length=args.draft_length)
     with console.status("loading the model (the first run converts the embedded model, about a minute)"):
         target = genspec.load_model(args.model)
         drafter = genspec.build_drafter(args.drafter, target)
