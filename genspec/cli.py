@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == name:  # subcommand not written yet
+            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):  # not part of this build
                 continue
             raise
         module.add_parser(sub)
