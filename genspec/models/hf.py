@@ -29,24 +29,39 @@ class HFCausalLM(CausalLM):
     """A transformers causal LM with genspec's slot cache. Build with :meth:`from_pretrained` or
     wrap an already loaded model: ``HFCausalLM(model)``."""
 
-    def __init__(self, model, tokenizer=None, fast_kernels: bool = True):
+    def __init__(self, model, tokenizer=None, fast_kernels: bool = True, decoder=None,
+                 head_blocks: list[torch.Tensor] | None = None, vocab_subset: torch.Tensor | None = None):
+        """``decoder`` replaces the model's own decoder stack (a view with fewer layers, see
+        genspec.models.variants); ``head_blocks`` shares an already laid-out LM head; ``vocab_subset``
+        restricts the head to those token ids (other logits are -inf: a cheaper draft head)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self._decoder = decoder if decoder is not None else (
+            model.get_decoder() if hasattr(model, "get_decoder") else model.model)
+        config = self._decoder.config
+        self.config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        head = model.get_output_embeddings()
+        head_weight = head.weight() if callable(head.weight) else head.weight  # quantised heads: a method
+        self.vocab_size = int(head_weight.shape[0])
         self.max_context = getattr(self.config, "max_position_embeddings", None)
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self._decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.device = head_weight.device
+        self.dtype = model.get_input_embeddings().weight.dtype
         self._softcap = getattr(self.config, "final_logit_softcapping", None)
         self._sliding_window = getattr(self.config, "sliding_window", None)
         self._layer_types = getattr(self.config, "layer_types", None)
-        head = model.get_output_embeddings()
+        self._head = head
         self._head_bias = getattr(head, "bias", None)
-        self._head_blocks = _transposed_blocks(head.weight.detach()) if fast_kernels else None
+        self.vocab_subset = None
+        if vocab_subset is not None:
+            self.vocab_subset = torch.as_tensor(vocab_subset, dtype=torch.long, device=self.device).unique()
+            head_blocks = _transposed_blocks(head.weight.detach()[self.vocab_subset])
+            if self._head_bias is not None:
+                self._head_bias = self._head_bias[self.vocab_subset]
+        elif head_blocks is None and fast_kernels:
+            head_blocks = _transposed_blocks(head.weight.detach())
+        self._head_blocks = head_blocks
         if fast_kernels:
             _transpose_linears(self._decoder)
-        self._head = head
         self.reset(1)
 
     # ---------------------------------------------------------------- loading
@@ -195,6 +210,10 @@ class HFCausalLM(CausalLM):
             logits = self._head(hidden)
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
+        if self.vocab_subset is not None:
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), -torch.inf)
+            full[..., self.vocab_subset] = logits
+            logits = full
         return logits
 
     def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
