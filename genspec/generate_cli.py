@@ -10,9 +10,12 @@ from genspec.errors import ConfigError
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="PATH", help="local model directory (default: embedded Gemma 3 270M)")
-    parser.add_argument("--drafter", default="prompt-lookup", help="speculator: none, prompt-lookup, draft-model")
+    parser.add_argument("--drafter", default="prompt-lookup", help="speculator: none, prompt-lookup, draft-model, early-exit, layer-skip, quantized, hierarchical, ...")
     parser.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
     parser.add_argument("--num-drafts", type=int, default=1, help="independent draft chains verified as a tree")
+    parser.add_argument("-O", "--drafter-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="drafter option, e.g. exit_layer=4, skip=[3,5,7], levels=prompt-lookup,quantized, "
+                             "draft_vocab_file=ids.json, confidence_threshold=0.4 (repeatable)")
     parser.add_argument("--num-draft-tokens", "-k", type=int, default=8, metavar="K", help="draft tokens per step")
     parser.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"],
                         help="draft length policy: fixed k, HF's +2/-1 schedule, or cost-aware (default)")
@@ -27,6 +30,24 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LOSSY over-acceptance b=min(1,(q+eps)/p); 0 = lossless (default)")
     parser.add_argument("--residual", default="opt", choices=["opt", "uno"], help="resampling law with --epsilon")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, lists), else as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"drafter option must look like KEY=VALUE, got {text!r}")
+    try:
+        return key.strip().replace("-", "_"), json.loads(value)
+    except ValueError:
+        return key.strip().replace("-", "_"), value
+
+
+def drafter_options(args) -> dict:
+    options = dict(parse_option(o) for o in args.drafter_option)
+    if args.num_drafts != 1:
+        options["num_drafts"] = args.num_drafts
+    return options
 
 
 def generation_config(args):
@@ -89,7 +110,7 @@ def run_generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     config = generation_config(args)  # validate before loading the model
     engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
-                          **({"num_drafts": args.num_drafts} if args.drafter == "draft-model" else {}))
+                          **drafter_options(args))
     if args.stream and not args.json and args.num_samples == 1:
         for chunk in engine.stream(prompt, config):
             print(chunk, end="", flush=True)

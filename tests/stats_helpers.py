@@ -23,3 +23,31 @@ def chi_square_pvalue(observed_counts, expected_probs, min_expected: float = 5.0
     exp = np.asarray(exp)
     exp *= total / exp.sum()
     return float(stats.chisquare(obs, exp).pvalue)
+
+
+def lossless_pvalue(make_drafter, sampling, num_samples: int = 20_000, length: int = 3, k: int = 2,
+                    seed: int = 0, vocab: int = 12, dtype=None):
+    """Decode ``num_samples`` rows of ``length`` tokens from a sharpened tiny Llama target with the
+    drafter ``make_drafter(target)`` and return (chi-square p-value of the joint law of the tokens
+    against the exact target law, acceptance rate)."""
+    import torch
+    from tiny_models import exact_joint, peaked, tiny_llama
+
+    from genspec.engine import SpeculativeEngine
+    from genspec.models import HFCausalLM
+    from genspec.sampling import process_logits
+
+    reference = peaked(tiny_llama(0, vocab=vocab, layers=3, dtype=dtype or torch.float64))
+    target = HFCausalLM(peaked(tiny_llama(0, vocab=vocab, layers=3, dtype=dtype or torch.float64)))
+    prompt = [3, 5, 7]
+    engine = SpeculativeEngine(target, make_drafter(target))
+    results = engine.generate_ids([prompt] * num_samples, max_new_tokens=length, num_draft_tokens=k,
+                                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                  seed=seed, eos_token_ids=())
+    counts = torch.zeros([vocab] * length)
+    for r in results:
+        counts[tuple(r.token_ids)] += 1
+    exact = exact_joint(reference, prompt, length, lambda logits: process_logits(logits.double(), sampling))
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    return chi_square_pvalue(counts.numpy(), exact.numpy()), accepted / max(drafted, 1)

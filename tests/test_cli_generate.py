@@ -29,7 +29,8 @@ def test_generate_json_and_greedy_equality(capsys, model_dirs, drafter):
     target, draft = model_dirs
     base = ["generate", "--model", str(target), "--prompt", "abcabcabc", "--max-new-tokens", "12", "--json"]
     plain = run_json(capsys, base + ["--drafter", "none"])
-    spec = run_json(capsys, base + ["--drafter", drafter, "--draft-model", str(draft), "-k", "3"])
+    extra = ["--draft-model", str(draft)] if drafter == "draft-model" else []
+    spec = run_json(capsys, base + ["--drafter", drafter, "-k", "3"] + extra)
     assert set(spec["stats"]) >= STATS_KEYS
     assert spec["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
     assert plain["stats"]["drafted_tokens"] == 0
@@ -52,6 +53,14 @@ def test_generate_samples_with_seed_are_reproducible(capsys, model_dirs):
     (["--top-p", "1.5"], "top_p"),
     (["--drafter", "draft-model"], "needs a draft model"),
     (["--model", "/no/such/model"], "no model at"),
+    (["--drafter", "early-exit", "-O", "exit_layer=9"], "exit layer must be in 1..2"),
+    (["--drafter", "layer-skip", "-O", "skip=[0,7]"], "out of range"),
+    (["--drafter", "early-exit", "-O", "bogus=1"], "does not take option"),
+    (["--drafter", "hierarchical", "-O", "levels=quantized,prompt-lookup"], "cannot verify another drafter"),
+    (["--drafter", "hierarchical", "-O", "levels=prompt-lookup,nope"], "unknown or unstackable level"),
+    (["--drafter", "quantized", "-O", "draft_vocab_file=/no/file.json"], "not found"),
+    (["--drafter", "layer-skip", "-O", "skip=/no/skip.json"], "not found"),
+    (["-O", "novalue"], "KEY=VALUE"),
 ])
 def test_generate_bad_input_is_one_clear_line(capsys, model_dirs, extra, message):
     target, _ = model_dirs
