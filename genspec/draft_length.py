@@ -6,7 +6,8 @@
   estimate of the per-token acceptance rate alpha and the measured costs of drafting and of verifying
   a block of k + 1 tokens: E[tokens](k) = (1 - alpha^(k+1)) / (1 - alpha), time(k) = k * draft_cost +
   verify_cost(k + 1). k = 0 (plain decoding) is allowed, so speculation switches itself off where
-  it does not pay (a drafter that costs nothing keeps being scored on what it would have proposed).
+  it does not pay. A drafter that costs nothing keeps being scored on what it would have proposed;
+  a costly one is probed with a single token after 8, 16, 32, ... idle steps.
 """
 from __future__ import annotations
 
@@ -69,14 +70,26 @@ class DraftLength:
         # discounted counts of tested / accepted draft positions, seeded with a weak prior
         self.tested = [prior_weight] * batch
         self.accepted = [prior_alpha * prior_weight] * batch
+        # a drafter switched off is probed with one token now and then, less often each time it fails
+        self.idle_steps = [0] * batch
+        self.probe_every = [8] * batch
 
     def alpha(self, row: int) -> float:
         return self.accepted[row] / self.tested[row]
 
     def limit(self, row: int) -> int:
-        if self.policy == "cost":
-            return self._best_k(row)
-        return self.current[row]
+        if self.policy != "cost":
+            return self.current[row]
+        best = self._best_k(row)
+        if best > 0:
+            self.idle_steps[row], self.probe_every[row] = 0, 8
+            return best
+        self.idle_steps[row] += 1
+        if self.idle_steps[row] >= self.probe_every[row]:  # probe: one draft token, to re-estimate alpha
+            self.idle_steps[row] = 0
+            self.probe_every[row] = min(2 * self.probe_every[row], 256)
+            return 1
+        return 0
 
     def _best_k(self, row: int) -> int:
         step = self.costs.verify_cost(1)

@@ -71,3 +71,17 @@ def test_adaptive_policies_keep_greedy_output(policy):
         spec = SpeculativeEngine(target, drafter).generate_ids(prompts, max_new_tokens=30, eos_token_ids=(),
                                                                 draft_length=policy, num_draft_tokens=6)
         assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+
+
+def test_switched_off_drafter_is_probed_with_backoff():
+    costs = CostModel()
+    costs.observe_verify(1, 0.1)
+    for width in range(2, 10):
+        costs.observe_verify(width, 0.2)
+    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs)
+    for _ in range(30):
+        policy.update(0, drafted=8, accepted=0)
+    limits = [policy.limit(0) for _ in range(8 + 16 + 32)]
+    probes = [i for i, k in enumerate(limits) if k]
+    assert [limits[i] for i in probes] == [1, 1, 1]
+    assert probes == [7, 7 + 16, 7 + 16 + 32]
