@@ -72,7 +72,9 @@ def _self_draft(make_model):
     return factory
 
 
-def _early_exit_model(target, vocab_subset=None, exit_layer: int | None = None):
+def _early_exit_model(target, vocab_subset=None, exit_layer: int | str | None = None):
+    if isinstance(exit_layer, str):  # a file written by ``genspec calibrate early-exit``
+        exit_layer = _read_calibration(exit_layer, "exit_layer", int)
     return variants.early_exit(target, exit_layer or max(1, variants.num_layers(target) // 4), vocab_subset)
 
 
@@ -87,18 +89,25 @@ def _layer_skip_model(target, vocab_subset=None, skip: list[int] | str | None = 
 
 def load_layer_skip(path: str) -> list[int]:
     """The layer set saved by ``genspec calibrate layer-skip`` (JSON ``{"skip": [...]}``)."""
+    skip = _read_calibration(path, "skip", list)
+    if not all(isinstance(i, int) for i in skip):
+        raise InputFileError(f'{path}: "skip" must be a list of layer indices')
+    return skip
+
+
+def _read_calibration(path: str, key: str, kind: type):
+    """``data[key]`` of a calibration JSON file, checked to be of type ``kind``."""
     import json
 
     try:
-        data = json.loads(Path(path).read_text())
-        skip = data["skip"]
+        value = json.loads(Path(path).read_text())[key]
     except FileNotFoundError as exc:
-        raise InputFileError(f"layer-skip file not found: {path}") from exc
+        raise InputFileError(f"calibration file not found: {path}") from exc
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputFileError(f"{path}: not a layer-skip file (expected {{\"skip\": [layer, ...]}})") from exc
-    if not isinstance(skip, list) or not all(isinstance(i, int) for i in skip):
-        raise InputFileError(f"{path}: \"skip\" must be a list of layer indices")
-    return skip
+        raise InputFileError(f'{path}: not a calibration file with a "{key}" entry') from exc
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InputFileError(f'{path}: "{key}" must be a {kind.__name__}')
+    return value
 
 
 def _hierarchical(target: CausalLM, levels: list[str] | str = ("prompt-lookup", "quantized"),
