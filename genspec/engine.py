@@ -37,7 +37,7 @@ class GenerationConfig:
     eos_token_ids: tuple[int, ...] | None = None
     epsilon: float = 0.0
     residual: str = "opt"
-    draft_length: str = "fixed"
+    draft_length: str = "cost"
 
     def __post_init__(self):
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:

@@ -26,7 +26,7 @@ def chi_square_pvalue(observed_counts, expected_probs, min_expected: float = 5.0
 
 
 def lossless_pvalue(make_drafter, sampling, num_samples: int = 20_000, length: int = 3, k: int = 2,
-                    seed: int = 0, vocab: int = 12, dtype=None):
+                    seed: int = 0, vocab: int = 12, dtype=None, draft_length: str = "fixed"):
     """Decode ``num_samples`` rows of ``length`` tokens from a sharpened tiny Llama target with the
     drafter ``make_drafter(target)`` and return (chi-square p-value of the joint law of the tokens
     against the exact target law, acceptance rate)."""
@@ -43,7 +43,7 @@ def lossless_pvalue(make_drafter, sampling, num_samples: int = 20_000, length: i
     engine = SpeculativeEngine(target, make_drafter(target))
     results = engine.generate_ids([prompt] * num_samples, max_new_tokens=length, num_draft_tokens=k,
                                   temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                  seed=seed, eos_token_ids=())
+                                  seed=seed, eos_token_ids=(), draft_length=draft_length)
     counts = torch.zeros([vocab] * length)
     for r in results:
         counts[tuple(r.token_ids)] += 1

@@ -85,3 +85,18 @@ def test_switched_off_drafter_is_probed_with_backoff():
     probes = [i for i, k in enumerate(limits) if k]
     assert [limits[i] for i in probes] == [1, 1, 1]
     assert probes == [7, 7 + 16, 7 + 16 + 32]
+
+
+@pytest.mark.parametrize("policy, seed", [("heuristic", 41), ("cost", 42)])
+def test_adaptive_policies_stay_lossless(policy, seed):
+    """Chi-square of the first 3 tokens vs the exact target law with adaptive draft lengths
+    (T=0.7, top-k 8, top-p 0.9), N = 20,000, fail if p < 1e-3."""
+    from stats_helpers import lossless_pvalue
+
+    from genspec.models import variants
+    from genspec.sampling import SamplingConfig
+
+    sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
+    pvalue, _ = lossless_pvalue(lambda t: DraftModelDrafter(variants.early_exit(t, 1)), sampling, k=3,
+                                seed=seed, draft_length=policy)
+    assert pvalue > 1e-3

@@ -59,7 +59,8 @@ def test_gemma3_sliding_window_greedy_equality():
 def test_identical_draft_accepts_everything(target):
     k = 4
     result = SpeculativeEngine(target, DraftModelDrafter(HFCausalLM(tiny_llama(0)))).generate_ids(
-        [PROMPTS[1]], max_new_tokens=5 * (k + 1), num_draft_tokens=k, temperature=0.9, seed=3)[0]
+        [PROMPTS[1]], max_new_tokens=5 * (k + 1), num_draft_tokens=k, temperature=0.9, seed=3,
+        draft_length="fixed")[0]
     assert result.stats.acceptance_rate == pytest.approx(1.0)
     assert result.stats.mean_accepted_length == pytest.approx(k + 1)
     assert result.stats.accepted_length_histogram == [0] * k + [5]
@@ -83,7 +84,7 @@ def _lossless_check(drafter, sampling: SamplingConfig, num_samples: int, length:
     engine = SpeculativeEngine(HFCausalLM(target_model), drafter)
     results = engine.generate_ids([prompt] * num_samples, max_new_tokens=length, num_draft_tokens=k,
                                   temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                  seed=seed, eos_token_ids=())
+                                  seed=seed, eos_token_ids=(), draft_length="fixed")
     vocab = 12
     counts = torch.zeros([vocab] * length)
     for r in results:
@@ -128,7 +129,8 @@ def test_biased_rule_is_detected():
     draft = HFCausalLM(peaked(tiny_llama(1, vocab=12, layers=1)))
     engine = SpeculativeEngine(HFCausalLM(target_model), DraftModelDrafter(draft))
     results = engine.generate_ids([[3, 5, 7]] * 20_000, max_new_tokens=2, num_draft_tokens=2, temperature=0.7,
-                                  top_k=8, top_p=0.9, seed=14, epsilon=0.3, residual="uno", eos_token_ids=())
+                                  top_k=8, top_p=0.9, seed=14, epsilon=0.3, residual="uno", eos_token_ids=(),
+                                  draft_length="fixed")
     counts = torch.zeros(12, 12)
     for r in results:
         counts[tuple(r.token_ids)] += 1
