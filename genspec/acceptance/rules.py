@@ -194,6 +194,7 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
         open_rows &= ~kept
         rejected = live & ~kept
         law = torch.where(rejected.unsqueeze(-1), residual_distribution(law, stage_draft, residual), law)
-    if bool(open_rows.any()):
-        token = torch.where(open_rows, _sample(law, generator), token)
+    if bool(open_rows.any()):  # draw only for the rows that rejected every candidate
+        token = token.clone()
+        token[open_rows] = _sample(law[open_rows], generator)
     return MultiDraftVerdict(accepted_index, token)

@@ -1,0 +1,64 @@
+"""Leviathan et al. (ICML 2023) closed forms for speculative decoding on real models.
+
+i.i.d. approximation: every draft token is accepted with probability alpha = 1 - E[TV(p, q)]
+(p = DRAFT, q = TARGET); the draft proposes gamma tokens per target call.
+"""
+from __future__ import annotations
+
+from typing import Callable, Union
+
+from genspec.errors import ConfigError
+from genspec.theory.chains import ChainPair
+from genspec.theory.exact import expected_rejections_sd
+
+VerifyCost = Union[float, Callable[[int], float]]
+
+
+def _check(alpha: float, gamma: int) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"alpha (acceptance rate) must be in [0, 1], got {alpha}")
+    if gamma < 0 or int(gamma) != gamma:
+        raise ConfigError(f"gamma (draft tokens per target call) must be an integer >= 0, got {gamma}")
+
+
+def expected_tokens_per_call(alpha: float, gamma: int) -> float:
+    """E[tokens per target call] = (1 - alpha^{gamma+1}) / (1 - alpha); gamma + 1 at alpha = 1.
+    Counts the bonus token drawn from q after a fully accepted draft."""
+    _check(alpha, gamma)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def speedup(alpha: float, gamma: int, cost_ratio: float, verify_cost: VerifyCost = 1.0) -> float:
+    """Wall-time speedup over plain decoding: tokens per call / (gamma c + verify cost).
+
+    ``cost_ratio`` c = cost of one draft step / cost of one target step. ``verify_cost`` is the cost of
+    the target call that scores gamma + 1 tokens, in units of one target step: 1 in the idealised model,
+    or a measured number (a float, or a function of gamma) on real hardware.
+    """
+    if cost_ratio < 0:
+        raise ConfigError(f"cost ratio c must be >= 0, got {cost_ratio}")
+    verify = verify_cost(gamma) if callable(verify_cost) else float(verify_cost)
+    if verify <= 0:
+        raise ConfigError(f"verify cost must be > 0, got {verify}")
+    return expected_tokens_per_call(alpha, gamma) / (gamma * cost_ratio + verify)
+
+
+def optimal_gamma(alpha: float, cost_ratio: float, max_gamma: int = 64,
+                  verify_cost: VerifyCost = 1.0) -> tuple[int, float]:
+    """The gamma in 1..max_gamma with the largest :func:`speedup`, and that speedup.
+
+    (gamma = 0 is plain decoding, speedup 1/verify cost; compare against it to decide whether to
+    speculate at all.)
+    """
+    if max_gamma < 1:
+        raise ConfigError(f"max gamma must be >= 1, got {max_gamma}")
+    best = max(range(1, max_gamma + 1), key=lambda g: speedup(alpha, g, cost_ratio, verify_cost))
+    return best, speedup(alpha, best, cost_ratio, verify_cost)
+
+
+def acceptance_rate(chain: ChainPair) -> float:
+    """alpha of a chain pair: 1 - E[TV] averaged over the T positions of the target chain
+    (= 1 - E[N_rej of SD] / T by Theorem 1)."""
+    return 1.0 - expected_rejections_sd(chain) / chain.horizon

@@ -1,0 +1,151 @@
+"""Bias vs rejections (Theorems 4 and 5) and Leviathan et al.'s closed forms. p = draft, q = target."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from stats_helpers import chi_square_pvalue
+
+from genspec.acceptance import acceptance_probability
+from genspec.errors import ConfigError
+from genspec.theory import leviathan, pareto
+from genspec.theory.chains import ChainPair, random_chain
+from genspec.theory.exact import expected_rejections_sd, total_variation
+from genspec.theory.simulate import sample_rejection_rule
+
+EPSILONS = np.linspace(0.0, 0.6, 25)
+
+
+def distribution(size: int):
+    entry = st.one_of(st.just(0.0), st.floats(0.001, 1.0))
+    return st.lists(entry, min_size=size, max_size=size).filter(lambda xs: sum(xs) > 0).map(
+        lambda xs: np.array(xs) / sum(xs))
+
+
+pairs = st.integers(2, 8).flatmap(lambda v: st.tuples(distribution(v), distribution(v)))
+
+
+# ------------------------------------------------------------------------------------- Theorem 5
+
+
+@settings(max_examples=80, deadline=None)
+@given(pairs)
+def test_pareto_identity_over_the_epsilon_grid(pair):
+    """R + Loss* = TV(p, q) to 1e-12 for every eps; OPT's exact law has bias Loss*, UNO's >= Loss*."""
+    draft, target = pair
+    tv = float(total_variation(draft, target))
+    for point in pareto.pareto_table(draft, target, EPSILONS):
+        assert point.rejection + point.loss_star == pytest.approx(tv, abs=1e-12)
+        assert point.opt_bias == pytest.approx(point.loss_star, abs=1e-12)
+        assert point.uno_bias >= point.loss_star - 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs, st.data())
+def test_identity_holds_for_every_rule_in_the_family(pair, data):
+    """Theorem 5 for any b in [min{1, q/p}, 1], not only over-acceptance."""
+    draft, target = pair
+    low = pareto.lossless_keep(draft, target)
+    mix = np.array(data.draw(st.lists(st.floats(0, 1), min_size=draft.size, max_size=draft.size)))
+    keep = low + mix * (1 - low)
+    tv = float(total_variation(draft, target))
+    loss = pareto.minimal_bias(draft, target, keep)
+    assert pareto.rejection_probability(draft, keep) + loss == pytest.approx(tv, abs=1e-12)
+    if pareto.rejection_probability(draft, keep) > 1e-9:
+        best = pareto.optimal_resampling(draft, target, keep)
+        assert pareto.bias(draft, target, keep, best) == pytest.approx(loss, abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs, st.floats(0.0, 0.5), st.integers(0, 2**31))
+def test_no_resampling_law_beats_loss_star(pair, epsilon, seed):
+    """Theorem 4: Loss* is a minimum: random resampling laws P never have smaller bias."""
+    draft, target = pair
+    keep = pareto.over_acceptance_keep(draft, target, epsilon)
+    loss = pareto.minimal_bias(draft, target, keep)
+    for law in np.random.default_rng(seed).dirichlet(np.ones(draft.size), size=20):
+        assert pareto.bias(draft, target, keep, law) >= loss - 1e-12
+
+
+def test_worked_example_of_theory_md():
+    """p = (0.3, 0.7), q = (0.5, 0.5), TV = 0.2: eps 0 -> R 0.2, Loss* 0, UNO 0.1; eps 0.1 -> 0.1, 0.1,
+    0.15; eps 0.3 -> 0, 0.2, 0.2."""
+    table = {pt.epsilon: pt for pt in pareto.pareto_table((0.3, 0.7), (0.5, 0.5), (0.0, 0.1, 0.3))}
+    expected = {0.0: (0.2, 0.0, 0.1), 0.1: (0.1, 0.1, 0.15), 0.3: (0.0, 0.2, 0.2)}
+    for eps, (rejection, loss, uno) in expected.items():
+        point = table[eps]
+        assert (point.rejection, point.loss_star, point.opt_bias, point.uno_bias) == pytest.approx(
+            (rejection, loss, loss, uno), abs=1e-12)
+    np.testing.assert_allclose(pareto.pareto_front((0.3, 0.7), (0.5, 0.5)), [[0.2, 0.0], [0.0, 0.2]], atol=1e-15)
+
+
+def test_numpy_keep_probability_is_the_shared_rule():
+    rng = np.random.default_rng(0)
+    draft, target = rng.dirichlet(np.ones(9)), rng.dirichlet(np.ones(9))
+    for eps in (0.0, 0.05, 0.3):
+        shared = acceptance_probability(torch.from_numpy(target), torch.from_numpy(draft), eps).numpy()
+        np.testing.assert_allclose(pareto.over_acceptance_keep(draft, target, eps), shared, rtol=1e-15)
+
+
+@pytest.mark.parametrize("rule", ["opt", "uno"])
+def test_sampled_opt_and_uno_follow_their_predicted_laws(rule):
+    """N = 10^5 samples of the relaxed rule (eps = 0.1, V = 6) pass a chi-square test (threshold 10^-3)
+    against b p + R P, and fail it against q (they are biased)."""
+    rng = np.random.default_rng(12)
+    draft, target = rng.dirichlet(np.ones(6)), rng.dirichlet(np.ones(6))
+    keep = pareto.over_acceptance_keep(draft, target, 0.1)
+    law = pareto.opt_resampling(draft, target) if rule == "opt" else target
+    tokens, rejected = sample_rejection_rule(draft, keep, law, 100_000, seed=2)
+    counts = np.bincount(tokens, minlength=6)
+    assert chi_square_pvalue(counts, pareto.output_law(draft, keep, law)) > 1e-3
+    assert chi_square_pvalue(counts, target) < 1e-3
+    assert rejected.mean() == pytest.approx(pareto.rejection_probability(draft, keep), abs=0.005)
+
+
+def test_bad_pairs_are_config_errors():
+    with pytest.raises(ConfigError, match="sums to"):
+        pareto.over_acceptance_point((0.3, 0.6), (0.5, 0.5), 0.1)
+    with pytest.raises(ConfigError, match="entries"):
+        pareto.over_acceptance_point((0.3, 0.7), (0.2, 0.3, 0.5), 0.1)
+    with pytest.raises(ConfigError, match="epsilon"):
+        pareto.over_acceptance_point((0.3, 0.7), (0.5, 0.5), -0.1)
+
+
+# ------------------------------------------------------------------------------------ Leviathan
+
+
+@pytest.mark.parametrize("alpha,gamma,tokens", [(0.6, 2, 1.96), (0.8, 5, 3.689), (0.9, 10, 6.862)])
+def test_leviathan_tokens_per_call(alpha, gamma, tokens):
+    assert leviathan.expected_tokens_per_call(alpha, gamma) == pytest.approx(tokens, abs=5e-4)
+
+
+def test_leviathan_speedup_and_optimal_gamma():
+    assert leviathan.speedup(0.9, 10, 0.1) == pytest.approx(3.431, abs=5e-4)
+    assert leviathan.expected_tokens_per_call(1.0, 7) == 8.0
+    assert leviathan.expected_tokens_per_call(0.0, 7) == 1.0
+    gamma, best = leviathan.optimal_gamma(0.9, 0.1)
+    brute = [leviathan.speedup(0.9, g, 0.1) for g in range(1, 65)]
+    assert best == pytest.approx(max(brute)) and gamma == 1 + int(np.argmax(brute))
+    # free drafts: longer is always better; a measured verify cost growing with gamma shortens it
+    assert leviathan.optimal_gamma(0.9, 0.0, max_gamma=30)[0] == 30
+    assert leviathan.optimal_gamma(0.9, 0.0, 30, verify_cost=lambda g: 1 + 0.1 * g)[0] < 30
+    assert leviathan.speedup(0.8, 4, 0.05, verify_cost=1.3) == pytest.approx(
+        leviathan.expected_tokens_per_call(0.8, 4) / (4 * 0.05 + 1.3))
+
+
+def test_leviathan_alpha_from_a_chain_is_one_minus_mean_tv():
+    chain = random_chain(7, 50, 0)
+    assert leviathan.acceptance_rate(chain) == pytest.approx(1 - expected_rejections_sd(chain) / 50)
+    same = ChainPair.from_arrays(chain.initial, chain.target, chain.target)
+    assert leviathan.acceptance_rate(same) == pytest.approx(1.0)
+
+
+def test_leviathan_rejects_bad_arguments():
+    with pytest.raises(ConfigError):
+        leviathan.expected_tokens_per_call(1.5, 3)
+    with pytest.raises(ConfigError):
+        leviathan.expected_tokens_per_call(0.5, -1)
+    with pytest.raises(ConfigError):
+        leviathan.speedup(0.5, 3, -0.1)
