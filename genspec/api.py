@@ -37,8 +37,19 @@ def _draft_model(target: CausalLM, draft_model: str | CausalLM | None = None, nu
     return DraftModelDrafter(model, num_drafts=num_drafts, confidence_threshold=confidence_threshold)
 
 
-def _prompt_lookup(target: CausalLM, max_ngram: int = 3, min_ngram: int = 1):
-    return PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+def _prompt_lookup(target: CausalLM, **options):
+    return PromptLookupDrafter.for_target(target, **options)
+
+
+def _model_free(module: str, class_name: str):
+    """Factory of a model-free drafter, imported on first use: ``Class.for_target(target, **options)``."""
+
+    def factory(target: CausalLM, **options):
+        import importlib
+
+        return getattr(importlib.import_module(module), class_name).for_target(target, **options)
+
+    return factory
 
 
 def _read_vocab_file(path: str | None):
@@ -141,6 +152,10 @@ DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
     "layer-skip": _self_draft(_layer_skip_model),
     "quantized": _self_draft(variants.quantized),
     "hierarchical": _hierarchical,
+    "ngram-cache": _model_free("genspec.drafters.ngram_cache", "NGramCacheDrafter"),
+    "retrieval": _model_free("genspec.drafters.retrieval", "RetrievalDrafter"),
+    "edit": _model_free("genspec.drafters.edit", "EditDrafter"),
+    "lookahead": _model_free("genspec.drafters.lookahead", "LookaheadDrafter"),
 }
 
 

@@ -14,6 +14,7 @@ import sys
 _SUBCOMMANDS = [
     "genspec.theory.cli",
     "genspec.generate_cli",
+    "genspec.index_cli",
     "genspec.calibrate",
     "genspec.bench.cli",
     "genspec.serve.cli",

@@ -47,6 +47,8 @@ def drafter_options(args) -> dict:
     options = dict(parse_option(o) for o in args.drafter_option)
     if args.num_drafts != 1:
         options["num_drafts"] = args.num_drafts
+    if getattr(args, "edit_source", None) is not None:
+        options["edit_source_file"] = args.edit_source
     return options
 
 
@@ -67,6 +69,8 @@ def add_parser(subparsers) -> None:
     gen.add_argument("--num-samples", type=int, default=1, help="independent samples (decoded as one batch)")
     gen.add_argument("--json", action="store_true", help="print one JSON object: samples and stats")
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
+    gen.add_argument("--edit-source", metavar="FILE",
+                     help="text the output rewrites (drafter edit: the input is the draft)")
     add_sampling_arguments(gen)
     gen.set_defaults(func=run_generate)
 

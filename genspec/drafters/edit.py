@@ -1,0 +1,225 @@
+"""Aggressive decoding for edits (Sun et al. 2021; Ge et al. 2022): when the output is mostly a copy
+of an input text (grammar correction, rewriting, code edits), the input itself is the draft.
+
+The drafter keeps, per row, a pointer into the source: the source position the output is copying.
+While the output keeps agreeing with the source the pointer just advances and the next ``k`` source
+tokens are the draft. After a mismatch (the target wrote something else: an insertion, a deletion, a
+substitution) the drafter re-aligns. It remembers the *anchor* (the source position after the last
+token the output copied) and how many tokens the output wrote since; the output rejoins the source
+somewhere in ``[anchor, anchor + written]`` (an insertion rejoins at the anchor, a substitution of
+equal length at the far end, a deletion a little after). It looks the output's last n tokens up in
+the source, longest n first, and takes the occurrence nearest to that interval; a short n-gram is a
+weak clue, so it may only be ``window * 4 ** (n - far_ngram)`` tokens outside (n = 1: inside), while
+n-grams of ``far_ngram`` tokens or more may jump anywhere. No clue: guess a substitution (continue
+at ``anchor + written``). Drafts are deterministic (``probs=None``), so verification is lossless.
+
+Without a source the row's prompt is the source (the text to rewrite is usually in the prompt);
+the pointer then starts unknown and is found from the first generated tokens.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from genspec.drafters.base import Drafter
+from genspec.drafters.prompt_lookup import NGramIndex, candidates_option, chain_from_lists, check_candidates, \
+    check_ngram_range, tree_from_lists
+from genspec.errors import ConfigError, InputFileError
+
+_END = -1  # appended to the indexed source so that an n-gram at its very end has a position too
+
+
+@dataclass
+class _Row:
+    """Alignment of one output row to its source."""
+
+    source: list[int]
+    index: NGramIndex
+    prompt_length: int
+    pointers: list[int] = field(default_factory=list)  # source positions drafted from last time, best first
+    seen: int | None = None  # sequence length at the last propose
+    anchor: int | None = None  # source position after the last token the output copied
+    written: int = 0  # output tokens since the anchor
+
+
+def read_source_file(path: str | Path) -> str:
+    """The text of an ``--edit-source`` file (UTF-8)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise InputFileError(f"edit source file not found: {path}") from exc
+    except OSError as exc:
+        raise InputFileError(f"cannot read edit source file {path}: {exc.strerror or exc}") from exc
+    if b"\x00" in data[:8192]:
+        raise InputFileError(f"{path}: binary file; the edit source must be UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+
+
+class EditDrafter(Drafter):
+    """Input-guided aggressive decoding with re-alignment.
+
+    ``source``: the text to align to, as token ids: one list for every row, a list of lists (one per
+    row), or None (each row's prompt). Options: ``max_ngram`` / ``min_ngram`` n-gram sizes used to
+    re-align; ``far_ngram`` the shortest n-gram allowed to re-align farther than ``window`` tokens
+    from the expected position; ``num_candidates`` > 1 adds, after a mismatch, other alignments
+    (other matches; insertion, deletion, substitution guesses) as a tree.
+    """
+
+    name = "edit"
+    deterministic = True
+
+    def __init__(self, source: list[int] | list[list[int]] | None = None, max_ngram: int = 6, min_ngram: int = 1,
+                 far_ngram: int = 4, window: int = 32, num_candidates: int = 1):
+        check_ngram_range(min_ngram, max_ngram, "edit re-alignment")
+        check_candidates(num_candidates)
+        if source is not None and not isinstance(source, (list, tuple)):
+            raise ConfigError("edit source must be token ids (a list, or a list of lists per row)")
+        self.per_row = bool(source) and isinstance(source[0], (list, tuple))
+        if source is not None and not self.per_row and not all(isinstance(t, int) for t in source):
+            raise ConfigError("edit source must be a list of token ids")
+        self.source = [list(s) for s in source] if self.per_row else (list(source) if source is not None else None)
+        self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
+        self.far_ngram, self.window = far_ngram, window
+        self.num_candidates = int(num_candidates)
+        self._rows: list[_Row] = []
+        self._shared_index: NGramIndex | None = None
+
+    @classmethod
+    def for_target(cls, target, edit_source: str | list | None = None, edit_source_file: str | None = None,
+                   **options) -> "EditDrafter":
+        """The registry's factory. ``edit_source``: text (tokenised with ``target``'s tokenizer), token
+        ids, or a list of either (one per row); ``edit_source_file``: a UTF-8 file with the text."""
+        if edit_source_file is not None:
+            if edit_source is not None:
+                raise ConfigError("give the edit source as text or as a file, not both")
+            edit_source = read_source_file(edit_source_file)
+        return cls(_as_token_ids(edit_source, getattr(target, "tokenizer", None)), **candidates_option(options))
+
+    def begin(self, prompts, sampling, generator=None):
+        super().begin(prompts, sampling, generator)
+        if self.per_row and len(self.source) != len(prompts):
+            raise ConfigError(f"{len(self.source)} edit sources for {len(prompts)} prompts")
+        self._rows = [self._new_row(prompt, b) for b, prompt in enumerate(prompts)]
+
+    def _new_row(self, prompt: list[int], b: int) -> _Row:
+        if self.per_row:
+            source = self.source[b] if b < len(self.source) else []
+        else:
+            source = self.source if self.source is not None else list(prompt)
+        row = _Row(source, self._index(source, shared=not self.per_row and self.source is not None), len(prompt))
+        if self.source is not None:  # the output starts by copying the source's beginning
+            row.pointers, row.seen, row.anchor = [0], len(prompt), 0
+        return row
+
+    def _index(self, source: list[int], shared: bool) -> NGramIndex:
+        """The source's n-gram index (one for all rows when they share the source: it is read-only)."""
+        if shared and self._shared_index is not None:
+            return self._shared_index
+        index = NGramIndex(self.min_ngram, self.max_ngram)
+        index.sync(source + [_END])
+        if shared:
+            self._shared_index = index
+        return index
+
+    # ------------------------------------------------------------------ alignment
+    def _locate(self, row: _Row, sequence: list[int]) -> list[int]:
+        """Source positions to draft from, best first."""
+        if row.seen is None or len(sequence) < row.seen:
+            row.anchor, row.written = None, 0
+            return self._realign(row, sequence)
+        new = sequence[row.seen:]
+        for pointer in row.pointers:  # still copying along one of last step's alignments?
+            if row.source[pointer:pointer + len(new)] == new:
+                row.anchor, row.written = pointer + len(new), 0
+                return [row.anchor]
+        if row.pointers:  # the first tokens may still have agreed: the anchor moves up to the mismatch
+            agreed = _common_prefix(row.source, row.pointers[0], new)
+            if agreed:
+                row.anchor, row.written = row.pointers[0] + agreed, 0
+            new = new[agreed:]
+        row.written += len(new)
+        return self._realign(row, sequence)
+
+    def _realign(self, row: _Row, sequence: list[int]) -> list[int]:
+        """Where the output rejoins the source, best first: after the occurrence of its last n tokens
+        (longest n first) nearest to ``[anchor, anchor + written]``, then the edit guesses."""
+        output = sequence[row.prompt_length:]
+        found = []
+        for n in range(min(self.max_ngram, len(output)), self.min_ngram - 1, -1):
+            ends = row.index.positions.get(tuple(output[len(output) - n:]))
+            if not ends:
+                continue
+            if row.anchor is None:  # no alignment yet: the most recent occurrence (prompt lookup)
+                found.append(ends[-1])
+                continue
+            low, high = row.anchor, row.anchor + row.written
+            nearest = min(_nearest(ends, low), _nearest(ends, high), key=lambda p: _outside(p, low, high))
+            if n >= self.far_ngram or _outside(nearest, low, high) <= self.window * 4.0 ** (n - self.far_ngram):
+                found.append(nearest)
+        if row.anchor is not None:  # substitution, insertion, deletion of one more token
+            guesses = (row.anchor + row.written, row.anchor, row.anchor + row.written + 1)
+            found += [p for p in guesses if 0 <= p < len(row.source)]
+        return list(dict.fromkeys(found))
+
+    def _row_candidates(self, row: _Row, sequence: list[int], limit: int) -> list[list[int]]:
+        pointers = self._locate(row, sequence)
+        chains, chosen = [], []
+        for pointer in pointers:  # one chain per distinct next token (tree branches must differ)
+            chain = row.source[pointer:pointer + limit]
+            if chain and all(chain[0] != c[0] for c in chains):
+                chains.append(chain)
+                chosen.append(pointer)
+                if len(chains) == self.num_candidates:
+                    break
+        row.pointers = chosen or pointers[:1]
+        row.seen = len(sequence)
+        return chains
+
+    def propose(self, sequences, max_tokens):
+        if len(self._rows) != len(sequences):  # used without begin: no prompt, only a given source
+            self._rows = [self._new_row([], b) for b in range(len(sequences))]
+        proposals = [self._row_candidates(row, seq, limit) if limit > 0 else []
+                     for row, seq, limit in zip(self._rows, sequences, max_tokens)]
+        if self.num_candidates == 1:
+            return chain_from_lists([p[0] if p else [] for p in proposals])
+        return tree_from_lists(proposals, self.num_candidates)
+
+
+def _as_token_ids(source, tokenizer):
+    """Token ids of an edit source given as text, ids, or a list of those (one per row)."""
+    if source is None or (isinstance(source, list) and (not source or isinstance(source[0], int))):
+        return source
+    if isinstance(source, str):
+        if tokenizer is None:
+            raise ConfigError("a text edit source needs the model's tokenizer; pass token ids instead")
+        return list(tokenizer(source, add_special_tokens=False)["input_ids"])
+    if isinstance(source, (list, tuple)) and source:
+        return [_as_token_ids(s, tokenizer) or [] for s in source]
+    raise ConfigError("edit source must be text, token ids, or a list of those (one per row)")
+
+
+def _common_prefix(source: list[int], start: int, tokens: list[int]) -> int:
+    n = 0
+    while n < len(tokens) and start + n < len(source) and source[start + n] == tokens[n]:
+        n += 1
+    return n
+
+
+def _outside(position: int, low: int, high: int) -> int:
+    """Distance from ``position`` to the interval ``[low, high]`` (0 inside)."""
+    return max(low - position, position - high, 0)
+
+
+def _nearest(sorted_positions: list[int], target: int) -> int:
+    at = bisect_left(sorted_positions, target)
+    if at == 0:
+        return sorted_positions[0]
+    if at == len(sorted_positions):
+        return sorted_positions[-1]
+    before, after = sorted_positions[at - 1], sorted_positions[at]
+    return before if target - before <= after - target else after
