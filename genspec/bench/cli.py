@@ -1,0 +1,433 @@
+"""``genspec bench``: genspec's methods against plain decoding and Hugging Face's assisted generation.
+
+    genspec bench --quick                                   # a first look: 2 short prompts, one repeat
+    genspec bench --categories qa,summarization --num-prompts 5 --repeats 3 --out bench_results
+    genspec bench --methods "prompt-lookup,hierarchical:levels=prompt-lookup+quantized,hf-prompt-lookup" \\
+                  --k-sweep 2,4,8
+    genspec bench --report-from bench_results/results.json  # rebuild report.md and the plots
+
+Writes ``results.json`` (every call's raw figures, machine, versions, settings), ``report.md`` (tables per
+category, diagnostics, noise notes) and PNG plots into ``--out``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from genspec.errors import ConfigError, InputFileError
+
+DEFAULT_METHODS = "prompt-lookup,quantized,hierarchical:levels=prompt-lookup+quantized,hf-prompt-lookup,hf-early-exit"
+WITH_DRAFT_MODEL = ",draft-model,hf-assisted"
+#: --quick: two short prompts, both baselines, genspec's default setting and HF prompt lookup, one repeat
+#: (a smoke test and a first look; use --repeats 3 or more for figures with a spread)
+QUICK = {"methods": "prompt-lookup,hf-prompt-lookup", "categories": "coding,extraction", "num_prompts": 1,
+         "max_new_tokens": 32, "repeats": 1, "k_sweep": "2,8", "sweep_prompts": 1}
+DEFAULTS = {"categories": None, "num_prompts": 2, "max_new_tokens": 128, "repeats": 3, "k_sweep": None,
+            "sweep_prompts": 2}
+
+
+def add_parser(subparsers) -> None:
+    import argparse
+
+    bench = subparsers.add_parser(
+        "bench", help="benchmark genspec methods vs plain decoding and Hugging Face assisted generation",
+        description="Decode Spec-Bench prompts with plain decoding, genspec's methods and Hugging Face "
+                    "baselines, interleaved in one process; write results.json, report.md and PNG plots.",
+        epilog="examples:\n" + __doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--model", metavar="PATH", help="target model directory (default: embedded Gemma 3 270M)")
+    bench.add_argument("--draft-model", metavar="PATH",
+                       help="draft model directory: enables the draft-model and hf-assisted methods")
+    bench.add_argument("--methods", metavar="LIST",
+                       help="comma-separated methods NAME[:KEY=VALUE...]: genspec drafters (prompt-lookup, "
+                            "quantized, early-exit:exit_layer=4, hierarchical:levels=prompt-lookup+quantized, "
+                            "prompt-lookup:k=4:draft_length=fixed, ...) and HF baselines (hf-prompt-lookup, "
+                            "hf-early-exit[:assistant_early_exit=L], hf-assisted). plain and hf-plain always run. "
+                            f"Default: {DEFAULT_METHODS} (+{WITH_DRAFT_MODEL[1:]} with --draft-model)")
+    bench.add_argument("--categories", metavar="LIST", help="Spec-Bench categories (default: all 13)")
+    bench.add_argument("--num-prompts", type=int, metavar="N", help="prompts per category (default 2)")
+    bench.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens per prompt at most (default 128)")
+    bench.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    bench.add_argument("--seed", type=int, default=0, help="seed of every call (default 0)")
+    bench.add_argument("--repeats", type=int, metavar="R", help="repeats of the whole suite (default 3)")
+    bench.add_argument("-k", "--num-draft-tokens", type=int, default=8, metavar="K",
+                       help="draft tokens per step (max for adaptive policies; default 8)")
+    bench.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"],
+                       help="genspec draft length policy unless a method sets its own (default cost)")
+    bench.add_argument("--k-sweep", metavar="LIST", help="also run --sweep-method at these fixed k, e.g. 2,4,8")
+    bench.add_argument("--sweep-method", metavar="METHOD",
+                       help="the genspec method of the k sweep (default: the first genspec method)")
+    bench.add_argument("--sweep-prompts", type=int, metavar="N", help="prompts in the k sweep (default 2)")
+    bench.add_argument("--out", metavar="DIR", help="output directory (default bench_results)")
+    bench.add_argument("--quick", action="store_true",
+                       help=f"smoke-test size (< 2 min on 2 cores): {', '.join(f'{k}={v}' for k, v in QUICK.items())}; "
+                            "explicit options still win")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    bench.add_argument("--threads", type=int, metavar="N",
+                       help="torch intra-op threads (default: torch's choice; recorded in results.json)")
+    bench.add_argument("--report-from", metavar="RESULTS_JSON",
+                       help="do not run: rebuild report.md and plots from a results.json (into --out, "
+                            "default its directory)")
+    bench.set_defaults(func=run_bench)
+
+
+# --------------------------------------------------------------------------- settings and checks
+def resolve_settings(args) -> dict:
+    """Every setting of the run, checked, with --quick and defaults applied (no model loaded)."""
+    from genspec.bench.methods import parse_int_list, parse_method, parse_methods, split_top_level
+    from genspec.bench.prompts import CATEGORIES
+
+    preset = QUICK if args.quick else DEFAULTS
+    pick = {key: getattr(args, key) if getattr(args, key) is not None else preset.get(key, DEFAULTS.get(key))
+            for key in ("categories", "num_prompts", "max_new_tokens", "repeats", "k_sweep", "sweep_prompts")}
+    methods_text = args.methods if args.methods is not None else (
+        QUICK["methods"] if args.quick else DEFAULT_METHODS + (WITH_DRAFT_MODEL if args.draft_model else ""))
+    if pick["categories"] is None:
+        categories = list(CATEGORIES)
+    else:
+        categories = split_top_level(pick["categories"])
+        if not categories:
+            raise ConfigError("--categories is empty; choose from: " + ", ".join(CATEGORIES))
+        unknown = [c for c in categories if c not in CATEGORIES]
+        if unknown:
+            raise ConfigError(f"unknown Spec-Bench categories {unknown}; choose from: {', '.join(CATEGORIES)}")
+    for key, flag in (("num_prompts", "--num-prompts"), ("max_new_tokens", "--max-new-tokens"),
+                      ("repeats", "--repeats"), ("sweep_prompts", "--sweep-prompts")):
+        if pick[key] < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {pick[key]}")
+    if args.num_draft_tokens < 1:
+        raise ConfigError(f"-k must be >= 1, got {args.num_draft_tokens}")
+    if args.temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    if args.draft_model is not None and not Path(args.draft_model).is_dir():
+        raise InputFileError(f"no draft model at {args.draft_model}: expected a directory")
+    if args.model is not None and not (Path(args.model) / "config.json").is_file():
+        raise InputFileError(f"no model at {args.model}: expected a directory with config.json and weights")
+    methods = parse_methods(methods_text, draft_model=args.draft_model)
+    genspec_methods = [m for m in methods if m.kind == "genspec" and m.base != "none"]
+    sweep_ks, sweep_method = [], None
+    if pick["k_sweep"]:
+        sweep_ks = parse_int_list(pick["k_sweep"], "--k-sweep")
+        if args.sweep_method:
+            sweep_method = parse_method(args.sweep_method, draft_model=args.draft_model)
+        elif genspec_methods:
+            sweep_method = genspec_methods[0]
+        else:
+            raise ConfigError("--k-sweep needs a genspec method: add one to --methods or give --sweep-method")
+    return {"model": args.model, "draft_model": args.draft_model, "methods": methods, "categories": categories,
+            "num_prompts": pick["num_prompts"], "max_new_tokens": pick["max_new_tokens"],
+            "temperature": args.temperature, "seed": args.seed, "repeats": pick["repeats"],
+            "num_draft_tokens": args.num_draft_tokens, "draft_length": args.draft_length,
+            "k_sweep": sweep_ks, "sweep_method": sweep_method, "sweep_prompts": pick["sweep_prompts"],
+            "out": Path(args.out or "bench_results"), "quick": args.quick, "dtype": args.dtype, "threads": args.threads,
+            "default_method": "prompt-lookup" if any(m.name == "prompt-lookup" for m in methods) else None}
+
+
+def check_output_dir(out: Path) -> None:
+    """Create ``out`` and make sure files can be written there (before any model is loaded)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".genspec-bench-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise InputFileError(f"cannot write to output directory {out}: {exc.strerror or exc}") from exc
+
+
+def command_line(s: dict) -> str:
+    parts = ["genspec", "bench"]
+    if s["model"]:
+        parts += ["--model", str(s["model"])]
+    if s["draft_model"]:
+        parts += ["--draft-model", str(s["draft_model"])]
+    parts += ["--methods", ",".join(m.name for m in s["methods"]), "--categories", ",".join(s["categories"]),
+              "--num-prompts", str(s["num_prompts"]), "--max-new-tokens", str(s["max_new_tokens"]),
+              "--temperature", str(s["temperature"]), "--seed", str(s["seed"]), "--repeats", str(s["repeats"]),
+              "-k", str(s["num_draft_tokens"]), "--draft-length", s["draft_length"]]
+    if s["threads"]:
+        parts += ["--threads", str(s["threads"])]
+    if s["k_sweep"]:
+        parts += ["--k-sweep", ",".join(map(str, s["k_sweep"])), "--sweep-method", s["sweep_method"].name,
+                  "--sweep-prompts", str(s["sweep_prompts"])]
+    return shlex.join(parts + ["--out", str(s["out"])])
+
+
+# --------------------------------------------------------------------------- environment
+def machine_info() -> dict:
+    import torch
+    import transformers
+
+    import genspec
+
+    cpu_model, physical = platform.processor() or platform.machine(), set()
+    try:
+        current = {}
+        for line in Path("/proc/cpuinfo").read_text().splitlines() + [""]:
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if not key:
+                if "core id" in current:
+                    physical.add((current.get("physical id"), current["core id"]))
+                current = {}
+            else:
+                current[key] = value
+                if key == "model name":
+                    cpu_model = value
+    except OSError:
+        pass
+    return {"cpu_model": cpu_model, "logical_cores": os.cpu_count(), "physical_cores": len(physical) or None,
+            "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "genspec": genspec.__version__,
+            "blas": "MKL" if torch.backends.mkl.is_available() else "other"}
+
+
+def model_info(path, target) -> dict:
+    config = getattr(target.model, "config", None)
+    from genspec.models import variants
+
+    return {"path": str(path), "architecture": (getattr(config, "architectures", None) or [type(target.model).__name__])[0],
+            "num_layers": variants.num_layers(target), "vocab_size": target.vocab_size, "dtype": str(target.dtype),
+            "max_context": target.max_context}
+
+
+def eos_ids(target) -> list[int]:
+    """End-of-sequence ids both engines stop at: the tokenizer's and the model's generation config's."""
+    ids = []
+    for source in (getattr(target.tokenizer, "eos_token_id", None),
+                   getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)):
+        for i in (source if isinstance(source, (list, tuple)) else [source]):
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
+# --------------------------------------------------------------------------- the run
+def run_bench(args) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if args.report_from:
+        return rebuild_report(args, console)
+    settings = resolve_settings(args)
+    check_output_dir(settings["out"])
+    from genspec.bench.prompts import load_spec_bench
+
+    prompts = load_spec_bench(settings["categories"], settings["num_prompts"])
+    started = time.perf_counter()
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        results = execute(settings, prompts, console)
+    finally:
+        torch.set_num_threads(threads)  # as it was (bench may run inside a larger program)
+    results["elapsed_s"] = time.perf_counter() - started
+    written = write_outputs(results, settings["out"])
+    print_summary(results, written, console)
+    return 130 if results.get("interrupted") else 0
+
+
+def execute(s: dict, prompts, console) -> dict:
+    import genspec
+    from genspec.bench.hf_baselines import HFDecoder, load_hf_model
+    from genspec.bench.methods import HF_PLAIN, sweep_methods
+    from genspec.bench.runner import ForwardTimer, GenspecDecoder, encode_all, run_interleaved, warm_up
+    from genspec.engine import GenerationConfig
+
+    if s["threads"]:
+        import torch
+
+        torch.set_num_threads(s["threads"])
+    config = GenerationConfig(max_new_tokens=s["max_new_tokens"], num_draft_tokens=s["num_draft_tokens"],
+                              temperature=s["temperature"], seed=s["seed"], draft_length=s["draft_length"])
+    with console.status("loading the target model (genspec)"):
+        model_path = s["model"]
+        if model_path is None:
+            from genspec.models.default import default_model_dir
+
+            model_path = default_model_dir()
+        target = genspec.load_model(str(model_path), dtype=s["dtype"])
+    eos = eos_ids(target)
+    config = replace(config, eos_token_ids=tuple(eos))
+    timer = ForwardTimer(target)
+    drafters = {}
+
+    def drafter_for(spec):
+        key = (spec.base, json.dumps(spec.to_dict()["options"], sort_keys=True))
+        if key not in drafters:
+            with console.status(f"building drafter {spec.base}"):
+                drafters[key] = genspec.build_drafter(spec.base, target, **spec.options)
+        return drafters[key]
+
+    main_specs = list(s["methods"])
+    sweep_specs = []
+    if s["k_sweep"]:
+        sweep_specs = sweep_methods(s["sweep_method"], s["k_sweep"])
+    decoders, sweep_decoders = {}, []
+    for spec in main_specs + ([s["sweep_method"]] if s["sweep_method"] else []) + sweep_specs:
+        if spec.kind == "genspec" and spec.name not in decoders:
+            decoders[spec.name] = GenspecDecoder(spec, target, drafter_for(spec) if spec.base != "none" else None,
+                                                 target.tokenizer, timer)
+    hf_specs = [m for m in main_specs if m.kind == "hf"]
+    with console.status("loading an untouched copy of the model for the transformers baselines"):
+        hf_model = load_hf_model(model_path, s["dtype"])
+        assistant = load_hf_model(s["draft_model"], s["dtype"]) if any(m.base == "hf-assisted" for m in hf_specs) else None
+    pad = getattr(target.tokenizer, "pad_token_id", None)
+    from genspec.models import variants
+
+    for spec in hf_specs:
+        decoders[spec.name] = HFDecoder(spec, hf_model, eos, pad, assistant if spec.base == "hf-assisted" else None,
+                                        num_layers=variants.num_layers(target))
+    main = [decoders[m.name] for m in main_specs]
+    if s["sweep_method"] and s["sweep_method"].name not in {m.name for m in main_specs}:
+        sweep_decoders.append(decoders[s["sweep_method"].name])
+    sweep_decoders += [decoders[m.name] for m in sweep_specs]
+
+    prompt_ids = encode_all(prompts, target.tokenizer)
+    kept, skipped = [], []
+    for prompt, ids in zip(prompts, prompt_ids):
+        if target.max_context is not None and len(ids) + s["max_new_tokens"] > target.max_context:
+            skipped.append({"category": prompt.category, "question_id": prompt.question_id, "prompt_tokens": len(ids)})
+        else:
+            kept.append((prompt, ids))
+    if skipped:
+        console.print(f"skipping {len(skipped)} prompt(s) longer than the model's context of {target.max_context} "
+                      f"tokens minus --max-new-tokens", markup=False)
+    if not kept:
+        raise ConfigError(f"no prompt fits the model's context of {target.max_context} tokens with "
+                          f"--max-new-tokens {s['max_new_tokens']}")
+    sweep_keys = set()
+    for prompt, _ in kept[:s["sweep_prompts"]] if sweep_decoders else []:
+        sweep_keys.add((prompt.category, prompt.question_id))
+
+    with console.status("warming up every method (not timed)"):
+        warm_up(main + sweep_decoders, kept[0][1], config)
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    total = s["repeats"] * (len(kept) * len(main) + len(sweep_keys) * len(sweep_decoders))
+    records = []
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[last]}"),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("decoding", total=total, last="")
+
+        def on_progress(text, record):
+            if record is None:
+                progress.update(task, description=text)
+            else:
+                last = (f"[red]{record['method']} failed[/red]" if record["error"] else
+                        f"last: {record['method']} {record['tokens_per_second']:.1f} tok/s")
+                progress.update(task, advance=1, last=last)
+
+        interrupted = False
+        try:
+            for repeat in range(s["repeats"]):
+                for index, (prompt, ids) in enumerate(kept):
+                    extra = sweep_decoders if (prompt.category, prompt.question_id) in sweep_keys else []
+                    batch = run_interleaved(main + extra, [prompt], [ids], config, repeats=1,
+                                            on_progress=on_progress, rotation=index + repeat)
+                    for record in batch:
+                        record["repeat"] = repeat
+                        if any(record["method"] == d.name for d in extra):
+                            record["phase"] = "sweep"
+                        records.append(record)
+        except KeyboardInterrupt:  # keep what was measured: a long run stopped early still reports
+            interrupted = True
+            console.print("interrupted: writing the results of the prompts finished so far", markup=False)
+    if not records:
+        raise KeyboardInterrupt
+
+    by_name = {spec.name: spec for spec in main_specs + sweep_specs + ([s["sweep_method"]] if s["sweep_method"] else [])}
+    for record in records:
+        spec = by_name[record["method"]]
+        record["k"] = spec.config_overrides.get("num_draft_tokens") if record["method"] in {m.name for m in sweep_specs} else None
+    # the sweep's reference points (plain, the sweep method with its own policy) come from the same
+    # interleaved calls on the sweep prompts
+    for record in list(records):
+        if (record["phase"] == "main" and (record["category"], record["question_id"]) in sweep_keys
+                and s["sweep_method"] is not None and record["method"] in ("plain", s["sweep_method"].name)):
+            records.append(dict(record, phase="sweep", k=None))
+
+    settings = {k: v for k, v in s.items() if k not in ("methods", "sweep_method", "out")}
+    settings.update(out=str(s["out"]), sweep_prompts=len(sweep_keys), sweep_method=s["sweep_method"].name if s["sweep_method"] else None,
+                    eos_token_ids=eos, model=str(model_path), prompts_skipped=skipped,
+                    hf_generate={d.name: d.settings for d in main if d.kind == "hf"},
+                    genspec_methods={d.name: d.settings for d in main + sweep_decoders if d.kind == "genspec"},
+                    baselines={"plain": "genspec SpeculativeEngine without a drafter (same code path, same kernels)",
+                               HF_PLAIN: "transformers generate(), greedy, stock model loaded separately"})
+    return {"format": 1, "interrupted": interrupted, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command_line(s),
+            "machine": machine_info(), "model": model_info(model_path, target), "settings": settings,
+            "methods": [m.to_dict() for m in main_specs],
+            "sweep_methods": [m.to_dict() for m in sweep_specs],
+            "prompts": [{"category": p.category, "question_id": p.question_id, "prompt_tokens": len(i)} for p, i in kept],
+            "runs": records}
+
+
+def write_outputs(results: dict, out: Path) -> list[Path]:
+    from genspec.bench.analysis import summarize
+    from genspec.bench.plots import write_plots
+    from genspec.bench.report import write_report
+
+    results["summary"] = summarize(results)
+    try:
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        (out / "report.md").write_text(write_report(results))
+        plots = write_plots(results, results["summary"], out)
+    except OSError as exc:
+        raise InputFileError(f"cannot write to output directory {out}: {exc.strerror or exc}") from exc
+    return [out / "results.json", out / "report.md"] + plots
+
+
+def rebuild_report(args, console) -> int:
+    source = Path(args.report_from)
+    try:
+        results = json.loads(source.read_text())
+    except FileNotFoundError as exc:
+        raise InputFileError(f"results file not found: {source}") from exc
+    except (OSError, ValueError) as exc:
+        raise InputFileError(f"cannot read results file {source}: {exc}") from exc
+    if not isinstance(results, dict) or not isinstance(results.get("runs"), list) or "methods" not in results:
+        raise InputFileError(f"{source}: not a genspec bench results.json")
+    out = Path(args.out) if args.out else source.parent
+    check_output_dir(out)
+    results.pop("summary", None)
+    written = write_outputs(results, out)
+    print_summary(results, written, console)
+    return 0
+
+
+def print_summary(results: dict, written: list[Path], console) -> None:
+    """The mean-over-categories table on standard output, compact (medians; the report has ranges)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from genspec.bench.analysis import ALL, MEAN
+    from genspec.bench.report import _match, _num
+
+    def median(spread, fmt="{:.2f}", suffix=""):
+        return "–" if not spread else fmt.format(spread["median"]) + suffix
+
+    summary = results["summary"]
+    table = Table(title=f"genspec bench: mean over {len(summary['categories'])} categories, "
+                        f"median of {summary['repeats']} repeat(s)")
+    for column in ("method", "tok/s", "vs plain", "vs hf-plain", "accepted/call", "greedy=plain"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    rows = {(r["category"], r["method"]): r for r in summary["rows"]}
+    for method in summary["methods"]:
+        mean, pooled = rows[(MEAN, method)], rows[(ALL, method)]
+        table.add_row(method, median(mean["tokens_per_second"], "{:.1f}"), median(mean["speedup_vs_plain"], suffix="x"),
+                      median(mean["speedup_vs_hf_plain"], suffix="x"), _num(pooled.get("mean_accepted_length")),
+                      _match(pooled.get("matches_plain")))
+    Console(width=max(100, Console().width)).print(table)
+    elapsed = results.get("elapsed_s")
+    console.print(("finished in %.0f s; " % elapsed if elapsed else "") + "wrote " + ", ".join(str(p) for p in written),
+                  markup=False, highlight=False)

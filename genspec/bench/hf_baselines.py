@@ -1,0 +1,184 @@
+"""Hugging Face ``generate()`` baselines: plain greedy, prompt lookup, assisted (draft model), early exit.
+
+Fairness: genspec's :class:`~genspec.models.hf.HFCausalLM` rewrites its model in place (every decoder
+``nn.Linear`` becomes a :class:`~genspec.models.hf.TransposedLinear`, the LM head is re-laid out), so
+the baselines run on a *second* copy of the weights loaded with plain ``AutoModelForCausalLM`` from the
+same directory and never touched by genspec: stock transformers, as a user would run it.
+
+What is measured per call: wall time around ``generate()`` (prefill included, as for genspec), the new
+tokens, the time inside the model's (and the assistant's) forward passes (a forward pre/post hook on
+the top module), and for assisted methods each verification step's (drafted, accepted) counts, read
+from the candidate generator HF builds for the call (its ``get_candidates`` and
+``update_candidate_strategy``), so mean accepted length and per-position acceptance are known.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from genspec.bench.methods import MethodSpec
+from genspec.errors import InputFileError
+
+
+def load_hf_model(path, dtype: str = "float32"):
+    """A stock transformers model from a local directory (no network), in eval mode."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise InputFileError(f"cannot load model from {path}: {str(exc).splitlines()[0]}") from exc
+    return model.eval()
+
+
+class ForwardClock:
+    """Accumulates the time spent inside a module's forward (hooks on the top module only)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.calls = 0
+        self._start = None
+        self._handles = []
+
+    def attach(self, module) -> "ForwardClock":
+        self._handles.append(module.register_forward_pre_hook(self._pre))
+        self._handles.append(module.register_forward_hook(self._post))
+        return self
+
+    def _pre(self, module, args):
+        self._start = time.perf_counter()
+
+    def _post(self, module, args, output):
+        if self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self.calls += 1
+            self._start = None
+
+    def reset(self) -> None:
+        self.seconds, self.calls, self._start = 0.0, 0, None
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+@dataclass
+class StepLog:
+    """(drafted, accepted) per verification step of one HF assisted ``generate()`` call."""
+
+    steps: list = field(default_factory=list)
+    pending: int = 0
+
+
+def _record_steps(model, log: StepLog) -> None:
+    """Wrap the candidate generator HF builds for each assisted call (on this model instance only)."""
+    original = getattr(model, "_get_candidate_generator", None)
+    if original is None:  # a transformers without this hook: acceptance figures stay unknown
+        return
+
+    def patched(*args, **kwargs):
+        generator = original(*args, **kwargs)
+        get_candidates, update = generator.get_candidates, generator.update_candidate_strategy
+
+        def counted_get_candidates(input_ids, *a, **kw):
+            candidates, logits = get_candidates(input_ids, *a, **kw)
+            log.pending = int(candidates.shape[1] - input_ids.shape[1])
+            return candidates, logits
+
+        def counted_update(input_ids, scores, num_matches):
+            log.steps.append([log.pending, int(num_matches)])
+            return update(input_ids, scores, num_matches)
+
+        generator.get_candidates = counted_get_candidates
+        generator.update_candidate_strategy = counted_update
+        return generator
+
+    model._get_candidate_generator = patched
+
+
+class HFDecoder:
+    """One HF baseline method on a stock transformers model (shared by the HF methods of a run)."""
+
+    kind = "hf"
+
+    def __init__(self, spec: MethodSpec, model, eos_token_ids: list[int], pad_token_id: int | None,
+                 assistant=None, num_layers: int | None = None):
+        self.spec = spec
+        self.name = spec.name
+        self.model = model
+        self.assistant = assistant
+        self.kwargs = {k: v for k, v in spec.options.items()}
+        if spec.base == "hf-prompt-lookup":
+            self.kwargs.setdefault("prompt_lookup_num_tokens", 10)
+        elif spec.base == "hf-early-exit":
+            self.kwargs.setdefault("assistant_early_exit", max(1, (num_layers or 4) // 4))
+        elif spec.base == "hf-assisted":
+            self.kwargs["assistant_model"] = assistant
+        self.eos_token_ids = list(eos_token_ids)
+        self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_ids or [0])[0]
+        self.log = StepLog()
+        self.clock = getattr(model, "_genspec_bench_clock", None)
+        if self.clock is None:  # one clock per model, shared by the methods that use it
+            self.clock = ForwardClock().attach(model)
+            model._genspec_bench_clock = self.clock
+            model._genspec_bench_log = StepLog()
+            _record_steps(model, model._genspec_bench_log)
+        self.log = model._genspec_bench_log
+        self.assistant_clock = None
+        if assistant is not None:
+            self.assistant_clock = ForwardClock().attach(assistant)
+
+    @property
+    def settings(self) -> dict:
+        """What this method passes to ``generate()`` (besides prompt, length and sampling)."""
+        return {k: (f"<model {getattr(v, 'name_or_path', '')}>" if k == "assistant_model" else v)
+                for k, v in self.kwargs.items()}
+
+    def generate_kwargs(self, max_new_tokens: int, temperature: float) -> dict:
+        kwargs = dict(self.kwargs, max_new_tokens=max_new_tokens, eos_token_id=self.eos_token_ids,
+                      pad_token_id=self.pad_token_id)
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        else:
+            kwargs.update(do_sample=False)
+        return kwargs
+
+    def decode(self, ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> dict:
+        """Generate for one prompt; returns the raw figures of the call."""
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        kwargs = self.generate_kwargs(max_new_tokens, temperature)
+        self.clock.reset()
+        if self.assistant_clock is not None:
+            self.assistant_clock.reset()
+        self.log.steps = []
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+            wall = time.perf_counter() - start
+        new = out[0, input_ids.shape[1]:].tolist()
+        forward = self.clock.seconds + (self.assistant_clock.seconds if self.assistant_clock else 0.0)
+        steps = [list(s) for s in self.log.steps] if self.spec.base != "hf-plain" else None
+        return {"new_tokens": len(new), "wall_time_s": wall, "token_ids": new, "stats": _step_stats(steps),
+                "steps": steps, "forward": {"model_s": forward, "calls": self.clock.calls}}
+
+
+def _step_stats(steps: list | None) -> dict | None:
+    """Counts from (drafted, accepted) steps, with the key names of genspec's RequestStats."""
+    if not steps:
+        return None
+    drafted = sum(d for d, _ in steps)
+    accepted = sum(a for _, a in steps)
+    width = max(d for d, _ in steps)
+    drafted_pos = [sum(1 for d, _ in steps if d > i) for i in range(width)]
+    accepted_pos = [sum(1 for _, a in steps if a > i) for i in range(width)]
+    return {"drafted_tokens": drafted, "accepted_tokens": accepted, "target_calls": len(steps),
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "mean_accepted_length": 1 + accepted / len(steps),
+            "drafted_per_position": drafted_pos, "accepted_per_position": accepted_pos}

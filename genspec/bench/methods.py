@@ -1,0 +1,169 @@
+"""What ``genspec bench --methods`` accepts, parsed and checked before any model is loaded.
+
+Syntax: a comma-separated list of ``NAME[:KEY=VALUE[:KEY=VALUE...]]``.
+
+- NAME is a genspec drafter (``prompt-lookup``, ``quantized``, ``hierarchical``, ... see
+  :data:`genspec.api.DRAFTERS`) or a Hugging Face baseline (:data:`HF_METHODS`).
+- VALUE is read as JSON when it parses (``exit_layer=4``, ``skip=[3,5,7]``; commas inside brackets do
+  not split methods), else as a string; ``+`` joins list items: ``levels=prompt-lookup+quantized``.
+- For genspec methods, ``k=N`` and ``draft_length=fixed|heuristic|cost`` set the engine's draft length
+  for that method only; every other key is a drafter option (as ``genspec generate -O``).
+- For HF methods, every key is a ``generate()`` argument (``hf-prompt-lookup:prompt_lookup_num_tokens=5``).
+
+Example: ``prompt-lookup,prompt-lookup:k=4:draft_length=fixed,hierarchical:levels=prompt-lookup+quantized``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from genspec.errors import ConfigError
+
+PLAIN = "plain"          # genspec plain decoding: the baseline of every speedup
+HF_PLAIN = "hf-plain"    # transformers generate(), greedy: the second baseline
+
+#: HF baseline name -> what it adds to ``generate()`` (``None``: filled in once the model is known)
+HF_METHODS: dict[str, dict] = {
+    HF_PLAIN: {},
+    "hf-prompt-lookup": {"prompt_lookup_num_tokens": 10},
+    "hf-assisted": {},                       # + assistant_model (needs --draft-model)
+    "hf-early-exit": {"assistant_early_exit": None},  # default: a quarter of the layers, like genspec's
+}
+
+#: method-level keys that tune genspec's engine rather than the drafter
+ENGINE_KEYS = {"k": "num_draft_tokens", "num_draft_tokens": "num_draft_tokens", "draft_length": "draft_length"}
+DRAFT_LENGTHS = ("fixed", "heuristic", "cost")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One decoding method of a benchmark run."""
+
+    name: str                      # the label in tables and plots (the spec as written)
+    kind: str                      # "genspec" or "hf"
+    base: str                      # drafter name ("none" for plain) or HF method name
+    options: dict = field(default_factory=dict)           # drafter options / extra generate() kwargs
+    config_overrides: dict = field(default_factory=dict)  # genspec GenerationConfig fields
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.name in (PLAIN, HF_PLAIN)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "base": self.base, "options": _jsonable(self.options),
+                "config_overrides": dict(self.config_overrides)}
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside brackets (so ``skip=[3,5,7]`` stays whole); strips blanks."""
+    parts, depth, current = [], 0, []
+    for char in text:
+        if char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth = max(0, depth - 1)
+        if char == sep and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current).strip())
+    return [p for p in parts if p]
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        if "+" in text and "/" not in text and all(text.split("+")):
+            return text.split("+")
+        return text
+
+
+def parse_method(text: str, drafters=None, draft_model: str | None = None) -> MethodSpec:
+    """One method spec; raises :class:`ConfigError` with a one-line reason when it is not valid."""
+    if drafters is None:
+        from genspec.api import DRAFTERS as drafters
+    head, *option_texts = split_top_level(text, ":")
+    name = head.strip()
+    options, overrides = {}, {}
+    for option in option_texts:
+        key, sep, value = option.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"method {text!r}: options must look like NAME:KEY=VALUE, got {option!r}")
+        options[key] = _value(value.strip())
+    if name in (PLAIN, "none"):
+        if options:
+            raise ConfigError(f"method {text!r}: plain decoding takes no options")
+        return MethodSpec(PLAIN, "genspec", "none")
+    if name in HF_METHODS:
+        if name == "hf-assisted" and draft_model is None:
+            raise ConfigError("method 'hf-assisted' needs a draft model (--draft-model PATH)")
+        if name == HF_PLAIN and options:
+            raise ConfigError(f"method {text!r}: hf-plain takes no options")
+        _check_hf_options(text, options)
+        return MethodSpec(text.strip(), "hf", name, options)
+    if name not in drafters:
+        choices = [n for n in drafters if n != "none"] + list(HF_METHODS)
+        raise ConfigError(f"unknown method {name!r}; choose from: {PLAIN}, {', '.join(choices)}")
+    for key in list(options):
+        if key in ENGINE_KEYS:
+            overrides[ENGINE_KEYS[key]] = options.pop(key)
+    k = overrides.get("num_draft_tokens")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise ConfigError(f"method {text!r}: k must be an integer >= 1, got {k!r}")
+    if overrides.get("draft_length", "cost") not in DRAFT_LENGTHS:
+        raise ConfigError(f"method {text!r}: draft_length must be one of {', '.join(DRAFT_LENGTHS)}")
+    if name == "draft-model":
+        if draft_model is None:
+            raise ConfigError("method 'draft-model' needs a draft model (--draft-model PATH)")
+        options.setdefault("draft_model", draft_model)
+    if name == "hierarchical" and draft_model is not None:
+        options.setdefault("draft_model", draft_model)
+    return MethodSpec(text.strip(), "genspec", name, options, overrides)
+
+
+def _check_hf_options(text: str, options: dict) -> None:
+    from transformers import GenerationConfig
+
+    known = GenerationConfig()
+    for key in options:
+        if not hasattr(known, key):
+            raise ConfigError(f"method {text!r}: {key!r} is not a transformers generate() option")
+
+
+def parse_methods(text: str, draft_model: str | None = None) -> list[MethodSpec]:
+    """The methods to benchmark, with genspec ``plain`` first and ``hf-plain`` second (both always
+    run: every speedup is reported against each) and no duplicates."""
+    specs = [parse_method(part, draft_model=draft_model) for part in split_top_level(text or "")]
+    ordered = [MethodSpec(PLAIN, "genspec", "none"), MethodSpec(HF_PLAIN, "hf", HF_PLAIN)]
+    for spec in specs:
+        if spec.name not in {s.name for s in ordered}:
+            ordered.append(spec)
+    return ordered
+
+
+def sweep_methods(base: MethodSpec, ks: list[int]) -> list[MethodSpec]:
+    """``base`` at each fixed draft length k (for the tokens/s vs k plot)."""
+    if base.kind != "genspec" or base.base == "none":
+        raise ConfigError(f"--sweep-method must be a genspec drafter, got {base.name!r}")
+    out = []
+    for k in ks:
+        overrides = dict(base.config_overrides, num_draft_tokens=k, draft_length="fixed")
+        out.append(MethodSpec(f"{base.name}@k={k}", "genspec", base.base, dict(base.options), overrides))
+    return out
+
+
+def parse_int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in split_top_level(text)]
+    except ValueError as exc:
+        raise ConfigError(f"{what} must be a comma-separated list of integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise ConfigError(f"{what} must list integers >= 1, got {text!r}")
+    return sorted(set(values))
+
+
+def _jsonable(options: dict) -> dict:
+    return {k: (v if isinstance(v, (int, float, str, list, bool, type(None))) else str(v)) for k, v in options.items()}
