@@ -27,6 +27,8 @@ import torch.utils.mkldnn
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from genspec.models.default import default_model_dir
+from genspec.models.head import LMHead
+from genspec.models.hf import HFCausalLM
 
 ROWS = (1, 2, 4, 8, 16)
 CONTEXT = 200
@@ -72,6 +74,7 @@ def head_variants(weight: torch.Tensor, max_rows: int) -> dict:
     }
     for parts, blocks in col_chunks.items():
         variants[f"x @ W_t in {parts} col-chunks"] = lambda x, blocks=blocks: torch.cat([x @ b for b in blocks], dim=-1)
+    variants["genspec LMHead (per-row-count kernel)"] = LMHead(weight)
     return variants
 
 
@@ -175,7 +178,50 @@ def crop_check(model, ids: torch.Tensor) -> dict:
                     "window it also needs cache.activate_past_recording() before the forwards"}
 
 
-def print_tables(heads: dict, steps: dict, caveats: dict) -> None:
+def decoder_linear_study(model, repeats: int) -> dict:
+    """All the Linear layers of one decoder layer (q, k, v, o, gate, up, down), n rows each, per kernel."""
+    from genspec.models.hf import TransposedLinear
+
+    linears = [m for m in model.model.layers[0].modules() if type(m) is torch.nn.Linear]
+    weights = [m.weight.detach() for m in linears]
+    transposed = [w.t().contiguous() for w in weights]
+    ours = [TransposedLinear(m) for m in linears]
+    kernels = {
+        "F.linear(x, W)": lambda xs: [F.linear(x, w) for x, w in zip(xs, weights)],
+        "x @ W_t": lambda xs: [x @ w for x, w in zip(xs, transposed)],
+        "(W @ x.T).T": lambda xs: [(w @ x.t()).t() for x, w in zip(xs, weights)],
+        "genspec TransposedLinear": lambda xs: [m(x) for x, m in zip(xs, ours)],
+    }
+    table = {}
+    for name, fn in kernels.items():
+        table[name] = {}
+        for n in ROWS:
+            xs = [torch.randn(n, w.shape[1]) for w in weights]
+            table[name][n] = 1000 * median_ms(lambda: fn(xs), repeats)  # microseconds
+    return table
+
+
+def engine_step_study(ids: torch.Tensor, repeats: int) -> dict:
+    """What the engine really pays: ``HFCausalLM.forward`` of n tokens after CONTEXT (genspec's slot cache,
+    explicit masks, LM head on all n rows), rolled back with ``truncate`` after each call."""
+    model = HFCausalLM.from_pretrained(default_model_dir())
+    model.reset(1)
+    model.forward(ids[:, :CONTEXT], last_only=True)
+    model.commit_all()
+    table = {}
+    for n in ROWS:
+        block = ids[:, CONTEXT:CONTEXT + n]
+
+        def step():
+            model.forward(block)
+            model.truncate(torch.tensor([CONTEXT]))
+
+        table[n] = median_ms(step, repeats)
+    return {n: {"ms": ms, "vs_one_token": ms / table[1]} for n, ms in table.items()}
+
+
+def print_tables(heads: dict, steps: dict, caveats: dict, engine: dict | None = None,
+                 linears: dict | None = None) -> None:
     for t, table in heads.items():
         print(f"\n### LM head alone, ms (torch {torch.__version__}, {t} thread{'s' * (t > 1)})\n")
         print("| variant | " + " | ".join(f"n={n}" for n in ROWS) + " | max rel err | argmax ok |")
@@ -191,6 +237,18 @@ def print_tables(heads: dict, steps: dict, caveats: dict) -> None:
         for n, r in table.items():
             print(f"| {t} | {n} | {r['stock_ms']:.1f} | {r['base_ms']:.1f} | {r['base_best_head_ms']:.1f} | {r['head']} "
                   f"| {r['stock_ms'] / r['base_best_head_ms']:.2f}x |")
+    for t, table in (linears or {}).items():
+        print(f"\n### decoder linears: the 7 Linear layers of one decoder layer, n rows, microseconds ({t} threads)\n")
+        print("| kernel | " + " | ".join(f"n={n}" for n in ROWS) + " |")
+        print("|---" * (len(ROWS) + 1) + "|")
+        for name, rows in table.items():
+            print(f"| {name} | " + " | ".join(f"{rows[n]:.0f}" for n in ROWS) + " |")
+    if engine:
+        print(f"\n### genspec engine: HFCausalLM.forward of n tokens after {CONTEXT} tokens, ms\n")
+        print("| threads | " + " | ".join(f"n={n}" for n in ROWS) + " |")
+        print("|---" * (len(ROWS) + 1) + "|")
+        for t, table in engine.items():
+            print(f"| {t} | " + " | ".join(f"{r['ms']:.1f} ({r['vs_one_token']:.2f}x)" for r in table.values()) + " |")
     print("\n### Caveats\n")
     for name, r in caveats.items():
         print(f"- {name}: {r}")
@@ -218,13 +276,23 @@ def main() -> None:
     caveats = {**batch_vs_single(model, hidden, ids, variants), "DynamicCache.crop": crop_check(model, ids),
                "final_logit_softcapping": model.config.final_logit_softcapping,
                "tie_word_embeddings": model.config.tie_word_embeddings}
-    print_tables(heads, steps, caveats)
+    linears = {}
+    for t in threads:
+        torch.set_num_threads(t)
+        linears[t] = decoder_linear_study(model, args.repeats * 3)
+    del model, variants
+    engine = {}
+    for t in threads:
+        torch.set_num_threads(t)
+        engine[t] = engine_step_study(ids, args.repeats)
+    print_tables(heads, steps, caveats, engine, linears)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
             "machine": {"processor": platform.processor() or platform.machine(), "cpus": torch.get_num_threads(),
                         "torch": torch.__version__, "blas": torch.backends.mkl.is_available() and "MKL" or "other"},
-            "context": CONTEXT, "head_ms": heads, "step_ms": steps, "caveats": caveats}, indent=1))
+            "context": CONTEXT, "head_ms": heads, "step_ms": steps, "engine_step_ms": engine, "decoder_linears_us": linears,
+            "caveats": caveats}, indent=1))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def test_variants_share_the_targets_weights():
     draft = variants.early_exit(target, 2)
     assert len(draft._decoder.layers) == 2 and len(target._decoder.layers) == 3
     assert draft._decoder.layers[0] is target._decoder.layers[0]
-    assert draft._head_blocks is target._head_blocks
+    assert draft._lm_head is target._lm_head
 
 
 def test_early_exit_is_the_truncated_network():

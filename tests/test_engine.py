@@ -51,7 +51,7 @@ def test_gemma3_sliding_window_greedy_equality():
     model = HFCausalLM(tiny_gemma3(0))
     plain = SpeculativeEngine(model).generate_ids(PROMPTS, max_new_tokens=20)
     spec = SpeculativeEngine(model, DraftModelDrafter(HFCausalLM(tiny_gemma3(0)))).generate_ids(
-        PROMPTS, max_new_tokens=20, num_draft_tokens=5)
+        PROMPTS, max_new_tokens=20, num_draft_tokens=5, draft_length="fixed")  # cost policy: timing-dependent k
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
     assert spec[0].stats.mean_accepted_length > 4
 
@@ -139,8 +139,9 @@ def test_biased_rule_is_detected():
 
 
 def test_kv_rollback_matches_fresh_prefill():
-    """Logits after rollback + re-feed equal a fresh prefill (float64, 1e-9)."""
-    for build in (tiny_llama, tiny_gemma3):
+    """Logits after rollback + re-feed equal a fresh prefill (float64: 1e-9; Gemma 3, whose RMSNorm
+    computes in float32 whatever the input dtype: 1e-5; a wrong rollback is off by ~0.1)."""
+    for build, tolerance in ((tiny_llama, 1e-9), (tiny_gemma3, 1e-5)):
         model = HFCausalLM(build(0))
         ids = torch.randint(3, 64, (2, 24), generator=torch.Generator().manual_seed(0))
         fresh = HFCausalLM(build(0))
@@ -155,8 +156,8 @@ def test_kv_rollback_matches_fresh_prefill():
         assert model.lengths.tolist() == [12, 15]
         refeed = torch.stack([ids[0, 12:20], ids[1, 15:23]])
         out = model.forward(refeed)
-        assert torch.allclose(out[0], reference[0, 12:20], atol=1e-9, rtol=0)
-        assert torch.allclose(out[1], reference[1, 15:23], atol=1e-9, rtol=0)
+        assert torch.allclose(out[0], reference[0, 12:20], atol=tolerance, rtol=0)
+        assert torch.allclose(out[1], reference[1, 15:23], atol=tolerance, rtol=0)
 
 
 def test_tree_block_logits_match_each_branch():

@@ -7,11 +7,11 @@ the slot positions, the new block's ancestor (tree) mask and the sliding window,
 position ids. That one mechanism gives chains, token trees, ragged batches and exact rollback for
 every architecture whose attention takes a prepared 4-D mask (Llama, Gemma 3, Qwen, Mistral, ...).
 
-The LM head is applied by genspec, only to the rows that need it, as ``hidden @ block`` over
-contiguous column blocks of the transposed head weight (4,096 vocabulary entries each). On a CPU
-with a 262k vocabulary this is about 2x faster than ``F.linear`` for one row and 2x faster than one
-big ``hidden @ W_t`` for 4-16 rows, where the BLAS packs the whole weight (benchmarks/step_cost.py).
-The decoder's ``nn.Linear`` layers are likewise swapped for :class:`TransposedLinear` (``x @ W.T``
+The LM head is applied by genspec (:class:`genspec.models.head.LMHead`), only to the rows that need it,
+with the fastest exact CPU kernel for the number of rows (one row: a chunked ``bmm`` over a transposed
+copy; 2-12 rows: one ``W @ x.T``); with a 262k vocabulary that halves a decode step's head and makes
+verifying a draft much cheaper than ``F.linear`` (benchmarks/step_cost.py).
+The decoder's ``nn.Linear`` layers are swapped for :class:`TransposedLinear` (``x @ W.T``
 stored contiguous), which is exact and faster for the 1-16 row products of decoding on CPU.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 
 from genspec.errors import ConfigError, InputFileError
 from genspec.models.base import CausalLM
+from genspec.models.head import LMHead
 
 
 class HFCausalLM(CausalLM):
@@ -30,9 +31,9 @@ class HFCausalLM(CausalLM):
     wrap an already loaded model: ``HFCausalLM(model)``."""
 
     def __init__(self, model, tokenizer=None, fast_kernels: bool = True, decoder=None,
-                 head_blocks: list[torch.Tensor] | None = None, vocab_subset: torch.Tensor | None = None):
+                 lm_head: LMHead | None = None, vocab_subset: torch.Tensor | None = None):
         """``decoder`` replaces the model's own decoder stack (a view with fewer layers, see
-        genspec.models.variants); ``head_blocks`` shares an already laid-out LM head; ``vocab_subset``
+        genspec.models.variants); ``lm_head`` shares an already laid-out :class:`LMHead`; ``vocab_subset``
         restricts the head to those token ids (other logits are -inf: a cheaper draft head)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -54,12 +55,12 @@ class HFCausalLM(CausalLM):
         self.vocab_subset = None
         if vocab_subset is not None:
             self.vocab_subset = torch.as_tensor(vocab_subset, dtype=torch.long, device=self.device).unique()
-            head_blocks = _transposed_blocks(head.weight.detach()[self.vocab_subset])
             if self._head_bias is not None:
                 self._head_bias = self._head_bias[self.vocab_subset]
-        elif head_blocks is None and fast_kernels:
-            head_blocks = _transposed_blocks(head.weight.detach())
-        self._head_blocks = head_blocks
+            lm_head = LMHead(head.weight.detach()[self.vocab_subset], self._head_bias)
+        elif lm_head is None and fast_kernels:
+            lm_head = LMHead(head.weight, self._head_bias)
+        self._lm_head = lm_head
         if fast_kernels:
             _transpose_linears(self._decoder)
         self.reset(1)
@@ -202,10 +203,8 @@ class HFCausalLM(CausalLM):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., V]`` from final hidden states ``[..., H]``."""
-        if self._head_blocks is not None:
-            logits = torch.cat([hidden @ block for block in self._head_blocks], dim=-1)
-            if self._head_bias is not None:
-                logits = logits + self._head_bias
+        if self._lm_head is not None:
+            logits = self._lm_head(hidden)
         else:
             logits = self._head(hidden)
         if self._softcap:
@@ -264,31 +263,32 @@ class HFCausalLM(CausalLM):
         self.keep_block(keep)
 
 
-def _transposed_blocks(weight: torch.Tensor, block: int = 4096) -> list[torch.Tensor]:
-    """``weight`` [V, H] as contiguous blocks of ``weight.T`` [H, <= block] (an exact re-layout)."""
-    transposed = weight.t()
-    return [transposed[:, start:start + block].contiguous() for start in range(0, transposed.shape[1], block)]
-
-
 class TransposedLinear(torch.nn.Module):
-    """``nn.Linear`` with its weight stored transposed and contiguous: ``x @ weight_t + bias``.
+    """``nn.Linear`` computed with the faster CPU kernel for the number of rows, exactly.
 
-    Same values as the Linear it replaces; on CPU BLAS the transposed layout is faster for the
-    few-row products of decoding and verification."""
+    Keeps the original weight ``[out, in]`` (shared with the model, not copied) and a contiguous
+    transposed copy ``[in, out]``: one row (a decode step) runs ``x @ weight_t``, two or more rows (a
+    verification block, a prefill) run ``(weight @ x.T).T``. With MKL on a 2-core CPU the first is about
+    1.4x faster for one row and the second 2-3x faster for 2-16 rows than either alone
+    (benchmarks/step_cost.py, section "decoder linears"). The copy costs the decoder's weight memory once
+    more; ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
         self.weight_t = torch.nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
         self.bias = linear.bias
 
-    @property
-    def weight(self) -> torch.Tensor:  # for code that inspects shapes or dtypes
-        return self.weight_t.t()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = x @ self.weight_t
-        return out if self.bias is None else out + self.bias
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] == 1:
+            out = rows @ self.weight_t
+        else:
+            out = (self.weight @ rows.T).T
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
 
 
 def _transpose_linears(module: torch.nn.Module) -> None:

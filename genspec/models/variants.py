@@ -46,7 +46,7 @@ def layer_skip(target: HFCausalLM, skip: list[int], vocab_subset: torch.Tensor |
     if not kept:
         raise ConfigError("cannot skip every layer")
     return HFCausalLM(target.model, target.tokenizer, fast_kernels=False, decoder=_decoder_view(target, kept),
-                      head_blocks=target._head_blocks, vocab_subset=vocab_subset)
+                      lm_head=target._lm_head, vocab_subset=vocab_subset)
 
 
 def early_exit(target: HFCausalLM, exit_layer: int, vocab_subset: torch.Tensor | None = None) -> HFCausalLM:
