@@ -248,7 +248,7 @@ def _one_line_error(capsys, argv, message):
     (["--methods", "prompt-lookup,hf-assisted"], "needs a draft model"),
     (["--categories", ""], "--categories is empty"),
     (["--categories", ","], "--categories is empty"),
-    (["--categories", "qa,poetry"], "unknown Spec-Bench categories ['poetry']"),
+    (["--categories", "qa,poetry"], "unknown categories ['poetry']"),
     (["--num-prompts", "0"], "--num-prompts must be >= 1"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["-k", "0"], "-k must be >= 1"),
@@ -375,3 +375,12 @@ def test_quick_bench_on_the_real_default_model(tmp_path):
     assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
     results = check_bench_output(tmp_path)
     assert results["settings"]["quick"] is True
+
+
+def test_edit_task_prompts_are_selectable_and_not_in_the_default():
+    from genspec.bench.prompts import load_spec_bench
+
+    edit = load_spec_bench(["edit"])
+    assert len(edit) == 8 and {p.category for p in edit} == {"edit"}
+    assert all("Correct the grammar" in p.text for p in edit)
+    assert "edit" not in {p.category for p in load_spec_bench()}

@@ -100,3 +100,17 @@ def test_adaptive_policies_stay_lossless(policy, seed):
     pvalue, _ = lossless_pvalue(lambda t: DraftModelDrafter(variants.early_exit(t, 1)), sampling, k=3,
                                 seed=seed, draft_length=policy)
     assert pvalue > 1e-3
+
+
+def test_cost_policy_needs_a_margin_over_plain_decoding():
+    """A break-even draft (predicted gain below MARGIN) is not worth the overhead: k = 0."""
+    from genspec.draft_length import MARGIN, CostModel, DraftLength
+
+    costs = CostModel()
+    for width in range(1, 10):
+        costs.observe_verify(width, 1.0 + 0.1 * (width - 1))
+    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs, prior_alpha=0.2, prior_weight=1000)
+    # alpha 0.2: one draft gives 1.2 tokens for 1.1 the cost, +9% < MARGIN - 1
+    assert 1.2 / 1.1 < MARGIN and policy._best_k(0) == 0
+    rich = DraftLength("cost", k_max=8, batch=1, cost_model=costs, prior_alpha=0.6, prior_weight=1000)
+    assert rich._best_k(0) > 0

@@ -465,3 +465,20 @@ def test_index_built_for_another_tokenizer_is_refused(tmp_path, target):
     target_with_tokenizer = CopyModel([[0]], 64, Other())
     with pytest.raises(ConfigError, match="another tokenizer"):
         RetrievalDrafter.for_target(target_with_tokenizer, index=index)
+
+
+def test_edit_drafter_drafts_the_outputs_own_repeats():
+    """Text the output wrote itself (not in the source) and now repeats is drafted from the output."""
+    from genspec.sampling import SamplingConfig
+
+    source = list(range(100, 140))
+    drafter = EditDrafter(source)
+    prompt = [1, 2]
+    drafter.begin([prompt], SamplingConfig())
+    sequence = prompt + [100, 101, 102, 103] + [50, 51, 52, 53, 54, 55] + [104, 105] + [50, 51, 52]
+    draft = drafter.propose([sequence], [3])
+    assert draft.tokens[0, :3].tolist() == [53, 54, 55]
+    # while the output copies the source along, the source wins
+    drafter.begin([prompt], SamplingConfig())
+    drafter.propose([prompt + [100, 101]], [3])
+    assert drafter.propose([prompt + [100, 101, 102]], [3]).tokens[0].tolist() == [103, 104, 105]

@@ -49,7 +49,8 @@ def add_parser(subparsers) -> None:
                             "prompt-lookup:k=4:draft_length=fixed, ...) and HF baselines (hf-prompt-lookup, "
                             "hf-early-exit[:assistant_early_exit=L], hf-assisted). plain and hf-plain always run. "
                             f"Default: {DEFAULT_METHODS} (+{WITH_DRAFT_MODEL[1:]} with --draft-model)")
-    bench.add_argument("--categories", metavar="LIST", help="Spec-Bench categories (default: all 13)")
+    bench.add_argument("--categories", metavar="LIST",
+                       help="Spec-Bench categories (default: all 13), and/or genspec's grammar-correction task 'edit'")
     bench.add_argument("--num-prompts", type=int, metavar="N", help="prompts per category (default 2)")
     bench.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens per prompt at most (default 128)")
     bench.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
@@ -80,7 +81,7 @@ def add_parser(subparsers) -> None:
 def resolve_settings(args) -> dict:
     """Every setting of the run, checked, with --quick and defaults applied (no model loaded)."""
     from genspec.bench.methods import parse_int_list, parse_method, parse_methods, split_top_level
-    from genspec.bench.prompts import CATEGORIES
+    from genspec.bench.prompts import ALL_CATEGORIES, CATEGORIES
 
     preset = QUICK if args.quick else DEFAULTS
     pick = {key: getattr(args, key) if getattr(args, key) is not None else preset.get(key, DEFAULTS.get(key))
@@ -92,10 +93,10 @@ def resolve_settings(args) -> dict:
     else:
         categories = split_top_level(pick["categories"])
         if not categories:
-            raise ConfigError("--categories is empty; choose from: " + ", ".join(CATEGORIES))
-        unknown = [c for c in categories if c not in CATEGORIES]
+            raise ConfigError("--categories is empty; choose from: " + ", ".join(ALL_CATEGORIES))
+        unknown = [c for c in categories if c not in ALL_CATEGORIES]
         if unknown:
-            raise ConfigError(f"unknown Spec-Bench categories {unknown}; choose from: {', '.join(CATEGORIES)}")
+            raise ConfigError(f"unknown categories {unknown}; choose from: {', '.join(ALL_CATEGORIES)}")
     for key, flag in (("num_prompts", "--num-prompts"), ("max_new_tokens", "--max-new-tokens"),
                       ("repeats", "--repeats"), ("sweep_prompts", "--sweep-prompts")):
         if pick[key] < 1:
@@ -331,6 +332,11 @@ def execute(s: dict, prompts, console) -> dict:
         interrupted = False
         try:
             for repeat in range(s["repeats"]):
+                # repeats are independent replicates: a drafter that learns across requests (ngram-cache's
+                # process table) must not have seen this very suite's outputs in an earlier repeat
+                from genspec.drafters.ngram_cache import clear_process_tables
+
+                clear_process_tables()
                 for index, (prompt, ids) in enumerate(kept):
                     extra = sweep_decoders if (prompt.category, prompt.question_id) in sweep_keys else []
                     batch = run_interleaved(main + extra, [prompt], [ids], config, repeats=1,

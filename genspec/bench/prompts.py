@@ -1,4 +1,5 @@
-"""The Spec-Bench prompt suite shipped with genspec (Apache-2.0, see data/spec_bench/README.md)."""
+"""The prompt suites shipped with genspec: Spec-Bench (Apache-2.0, see data/spec_bench/README.md) and
+genspec's own ``edit`` task (grammar correction, data/edit_task/README.md)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,9 @@ from genspec.errors import ConfigError
 
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
               "translation", "summarization", "qa", "math_reasoning", "rag")
+#: genspec's own suites, selectable by name but not part of the Spec-Bench default
+EXTRA_CATEGORIES = ("edit",)
+ALL_CATEGORIES = CATEGORIES + EXTRA_CATEGORIES
 
 
 @dataclass(frozen=True)
@@ -21,17 +25,20 @@ class BenchPrompt:
 def load_spec_bench(categories: list[str] | None = None, per_category: int | None = None) -> list[BenchPrompt]:
     """First-turn prompts, in file order, optionally filtered by category and capped per category."""
     wanted = list(categories) if categories else list(CATEGORIES)
-    unknown = [c for c in wanted if c not in CATEGORIES]
+    unknown = [c for c in wanted if c not in ALL_CATEGORIES]
     if unknown:
-        raise ConfigError(f"unknown Spec-Bench categories {unknown}; choose from: {', '.join(CATEGORIES)}")
+        raise ConfigError(f"unknown categories {unknown}; choose from: {', '.join(ALL_CATEGORIES)}")
     if not wanted:
         raise ConfigError("no categories selected")
     if per_category is not None and per_category < 1:
         raise ConfigError(f"number of prompts per category must be >= 1, got {per_category}")
-    source = resources.files("genspec") / "data" / "spec_bench" / "question.jsonl"
+    data = resources.files("genspec") / "data"
+    lines = (data / "spec_bench" / "question.jsonl").read_text(encoding="utf-8").splitlines()
+    if "edit" in wanted:
+        lines += (data / "edit_task" / "question.jsonl").read_text(encoding="utf-8").splitlines()
     taken: dict[str, int] = {}
     prompts = []
-    for line in source.read_text(encoding="utf-8").splitlines():
+    for line in lines:
         row = json.loads(line)
         category = row["category"]
         if category not in wanted or (per_category is not None and taken.get(category, 0) >= per_category):

@@ -15,6 +15,13 @@ at ``anchor + written``). Drafts are deterministic (``probs=None``), so verifica
 
 Without a source the row's prompt is the source (the text to rewrite is usually in the prompt);
 the pointer then starts unknown and is found from the first generated tokens.
+
+An output does not only copy its source: it may repeat itself (a list, a second draft of the text, a
+base model looping). So the drafter also looks the last tokens up in the whole sequence, as prompt lookup
+does, and drafts from there when that match is longer than the clue that placed the source pointer
+(a continuing copy of the source always wins). On the grammar-correction prompts of
+``genspec bench --categories edit`` the source alignment alone drafted worse than prompt lookup
+(mean accepted length 2.07 vs 2.94) because Gemma 3 270M repeats its corrected paragraph.
 """
 from __future__ import annotations
 
@@ -24,10 +31,11 @@ from pathlib import Path
 
 from genspec.drafters.base import Drafter
 from genspec.drafters.prompt_lookup import NGramIndex, candidates_option, chain_from_lists, check_candidates, \
-    check_ngram_range, tree_from_lists
+    check_ngram_range, copy_forward, tree_from_lists
 from genspec.errors import ConfigError, InputFileError
 
 _END = -1  # appended to the indexed source so that an n-gram at its very end has a position too
+_COPYING = 1 << 30  # clue length while the output keeps copying the source along the pointer
 
 
 @dataclass
@@ -41,6 +49,8 @@ class _Row:
     seen: int | None = None  # sequence length at the last propose
     anchor: int | None = None  # source position after the last token the output copied
     written: int = 0  # output tokens since the anchor
+    clue: int = 0  # length of the n-gram that placed the pointer (a large number while copying along)
+    sequence_index: NGramIndex | None = None  # the whole sequence, for self-repeats
 
 
 def read_source_file(path: str | Path) -> str:
@@ -135,7 +145,7 @@ class EditDrafter(Drafter):
         new = sequence[row.seen:]
         for pointer in row.pointers:  # still copying along one of last step's alignments?
             if row.source[pointer:pointer + len(new)] == new:
-                row.anchor, row.written = pointer + len(new), 0
+                row.anchor, row.written, row.clue = pointer + len(new), 0, _COPYING
                 return [row.anchor]
         if row.pointers:  # the first tokens may still have agreed: the anchor moves up to the mismatch
             agreed = _common_prefix(row.source, row.pointers[0], new)
@@ -150,17 +160,20 @@ class EditDrafter(Drafter):
         (longest n first) nearest to ``[anchor, anchor + written]``, then the edit guesses."""
         output = sequence[row.prompt_length:]
         found = []
+        row.clue = 0
         for n in range(min(self.max_ngram, len(output)), self.min_ngram - 1, -1):
             ends = row.index.positions.get(tuple(output[len(output) - n:]))
             if not ends:
                 continue
             if row.anchor is None:  # no alignment yet: the most recent occurrence (prompt lookup)
                 found.append(ends[-1])
+                row.clue = max(row.clue, n)
                 continue
             low, high = row.anchor, row.anchor + row.written
             nearest = min(_nearest(ends, low), _nearest(ends, high), key=lambda p: _outside(p, low, high))
             if n >= self.far_ngram or _outside(nearest, low, high) <= self.window * 4.0 ** (n - self.far_ngram):
                 found.append(nearest)
+                row.clue = max(row.clue, n)
         if row.anchor is not None:  # substitution, insertion, deletion of one more token
             guesses = (row.anchor + row.written, row.anchor, row.anchor + row.written + 1)
             found += [p for p in guesses if 0 <= p < len(row.source)]
@@ -178,7 +191,26 @@ class EditDrafter(Drafter):
                     break
         row.pointers = chosen or pointers[:1]
         row.seen = len(sequence)
+        repeat = self._self_repeat(row, sequence, limit)
+        if repeat:  # a longer match than the source clue: draft it first (drop a source chain it shadows)
+            chains = [repeat] + [c for c in chains if c[0] != repeat[0]][:self.num_candidates - 1]
         return chains
+
+    def _self_repeat(self, row: _Row, sequence: list[int], limit: int) -> list[int]:
+        """What followed the latest earlier occurrence of the sequence's last n tokens (n >= 2) in the
+        sequence itself, when that match is longer than the source clue; else nothing."""
+        if row.clue >= _COPYING:
+            return []
+        if row.sequence_index is None:
+            row.sequence_index = NGramIndex(2, self.max_ngram)
+        index = row.sequence_index
+        index.sync(sequence)
+        for n in range(self.max_ngram, max(row.clue, 1), -1):
+            matches = index.matches(n)
+            if matches:
+                return copy_forward(index.tokens, matches[-1], limit)
+        return []
+
 
     def propose(self, sequences, max_tokens):
         if len(self._rows) != len(sequences):  # used without begin: no prompt, only a given source
