@@ -331,11 +331,11 @@ def execute(s: dict, prompts, console) -> dict:
 
         interrupted = False
         try:
+            from genspec.drafters.ngram_cache import clear_process_tables
+
             for repeat in range(s["repeats"]):
                 # repeats are independent replicates: a drafter that learns across requests (ngram-cache's
                 # process table) must not have seen this very suite's outputs in an earlier repeat
-                from genspec.drafters.ngram_cache import clear_process_tables
-
                 clear_process_tables()
                 for index, (prompt, ids) in enumerate(kept):
                     extra = sweep_decoders if (prompt.category, prompt.question_id) in sweep_keys else []

@@ -28,6 +28,12 @@ def _subtitle(results: dict) -> str:
             f"{s.get('repeats', '?')} repeat(s), {m.get('logical_cores', '?')}-core {m.get('cpu_model', 'CPU')}")
 
 
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _colors(methods: list[str]) -> dict:
     plt = _pyplot()
     cmap = plt.get_cmap("tab10")
@@ -65,9 +71,7 @@ def speedup_by_category(results: dict, summary: dict, path: Path) -> None:
     ax.legend(fontsize=8, ncol=2 if len(methods) > 4 else 1, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
     ax.set_ylim(bottom=0)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def acceptance_by_position(results: dict, summary: dict, path: Path) -> None:
@@ -94,9 +98,7 @@ def acceptance_by_position(results: dict, summary: dict, path: Path) -> None:
     if rows:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def time_breakdown(results: dict, summary: dict, path: Path) -> None:
@@ -124,9 +126,7 @@ def time_breakdown(results: dict, summary: dict, path: Path) -> None:
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     ax.set_xlim(0, max([a + b for a, b in zip(inside, outside)] or [1]) * 1.25)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def tokens_per_second_vs_k(results: dict, summary: dict, path: Path) -> bool:
@@ -165,9 +165,7 @@ def tokens_per_second_vs_k(results: dict, summary: dict, path: Path) -> bool:
                  "median over repeats, bars: min–max)\n" + _subtitle(results), fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
     return True
 
 

@@ -32,7 +32,8 @@ from pathlib import Path
 from genspec.drafters.base import Drafter
 from genspec.drafters.prompt_lookup import NGramIndex, candidates_option, chain_from_lists, check_candidates, \
     check_ngram_range, copy_forward, tree_from_lists
-from genspec.errors import ConfigError, InputFileError
+from genspec.errors import ConfigError
+from genspec.textfiles import read_utf8_text
 
 _END = -1  # appended to the indexed source so that an n-gram at its very end has a position too
 _COPYING = 1 << 30  # clue length while the output keeps copying the source along the pointer
@@ -55,19 +56,7 @@ class _Row:
 
 def read_source_file(path: str | Path) -> str:
     """The text of an ``--edit-source`` file (UTF-8)."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise InputFileError(f"edit source file not found: {path}") from exc
-    except OSError as exc:
-        raise InputFileError(f"cannot read edit source file {path}: {exc.strerror or exc}") from exc
-    if b"\x00" in data[:8192]:
-        raise InputFileError(f"{path}: binary file; the edit source must be UTF-8 text")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputFileError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    return read_utf8_text(path, "edit source file")
 
 
 class EditDrafter(Drafter):

@@ -21,6 +21,7 @@ import numpy as np
 from genspec.drafters.base import Drafter
 from genspec.drafters.prompt_lookup import candidates_option, chain_from_lists, check_candidates, tree_from_lists
 from genspec.errors import ConfigError, InputFileError
+from genspec.textfiles import read_utf8_text
 
 #: token id that separates documents in the datastore (never a real token, never matched)
 SEPARATOR = 0xFFFFFFFF
@@ -33,16 +34,7 @@ _TEXT_SUFFIXES = (".txt", ".jsonl")
 
 # ------------------------------------------------------------------------------- corpus reading
 def _read_text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputFileError(f"cannot read corpus file {path}: {exc.strerror or exc}") from exc
-    if b"\x00" in data[:8192]:
-        raise InputFileError(f"{path}: binary file; the corpus must be UTF-8 text (.txt) or JSON lines (.jsonl)")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputFileError(f"{path}: not UTF-8 text (byte {exc.start}); the corpus must be UTF-8") from exc
+    return read_utf8_text(path, "corpus file", "UTF-8 text (.txt) or JSON lines (.jsonl)")
 
 
 def _read_jsonl(path: Path) -> list[str]:
