@@ -194,11 +194,19 @@ class SpeculativeEngine:
                 break
             room = [max(0, min(config.max_new_tokens - len(r.generated) - 1, self._context_room(r) - 1))
                     if on else 0 for r, on in zip(rows, active)]
-            wanted = [min(lengths.limit(i), room[i]) for i in range(len(rows))]
-            # a free drafter is still asked when the policy says 0, to score what it would have proposed
-            asked = [min(max(w, 1), room[i]) if free_drafts else w for i, w in enumerate(wanted)]
             tick = time.perf_counter()
-            draft = self._draft([r.sequence for r in rows], asked)
+            sequences = [r.sequence for r in rows]
+            if free_drafts:  # a free drafter proposes first, so the policy can weigh its evidence
+                asked = room
+                draft = self._draft(sequences, asked)
+                evidence = self._evidence(draft, len(rows))
+                proposed = self._proposed(draft, len(rows))
+                wanted = [min(lengths.limit(i, evidence[i], probe=False), room[i]) if proposed[i] else 0
+                          for i in range(len(rows))]
+            else:
+                wanted = asked = [min(lengths.limit(i), room[i]) for i in range(len(rows))]
+                draft = self._draft(sequences, asked)
+                evidence = self._evidence(draft, len(rows))
             drafted_at = time.perf_counter()
             shadows = self._clip(draft, wanted)
             new_tokens, accepted, drafted = self._verify(rows, active, draft, config, generator)
@@ -210,8 +218,8 @@ class SpeculativeEngine:
             for i, (row, on, tokens, acc, dr) in enumerate(zip(rows, active, new_tokens, accepted, drafted)):
                 if not on:
                     continue
-                lengths.update(i, dr, acc)
-                lengths.shadow(i, shadows[i], tokens)
+                lengths.update(i, dr, acc, evidence[i])
+                lengths.shadow(i, shadows[i], tokens, evidence[i])
                 row.stats.record(dr, acc)
                 row.stats.draft_time_s += drafted_at - tick
                 row.stats.verify_time_s += verified_at - drafted_at
@@ -220,15 +228,31 @@ class SpeculativeEngine:
             yield rows, new_tokens
 
     @staticmethod
+    def _evidence(draft, batch: int) -> list:
+        evidence = getattr(draft, "evidence", None)
+        return list(evidence) if evidence is not None else [None] * batch
+
+    @staticmethod
+    def _proposed(draft, batch: int) -> list[bool]:
+        if draft is None:
+            return [False] * batch
+        lengths = draft.lengths if isinstance(draft, Draft) else draft.lengths.amax(dim=1)
+        return (lengths > 0).tolist()
+
+    @staticmethod
     def _clip(draft, wanted: list[int]) -> list[list[int]]:
-        """Cut chain drafts to the wanted lengths; return what was cut off where nothing was wanted."""
+        """Cut drafts to the wanted lengths; return per row the (first) chain cut off where nothing
+        was wanted, to be scored against what the target emitted instead."""
         shadows = [[] for _ in wanted]
-        if not isinstance(draft, Draft):
+        if draft is None:
             return shadows
+        chain = draft.tokens if isinstance(draft, Draft) else draft.chains[:, 0]
+        chain_lengths = draft.lengths if isinstance(draft, Draft) else draft.lengths[:, 0]
         for i, w in enumerate(wanted):
-            if w == 0 and int(draft.lengths[i]) > 0:
-                shadows[i] = draft.tokens[i, :int(draft.lengths[i])].tolist()
-        draft.lengths = torch.minimum(draft.lengths, torch.tensor(wanted, dtype=torch.long))
+            if w == 0 and int(chain_lengths[i]) > 0:
+                shadows[i] = chain[i, :int(chain_lengths[i])].tolist()
+        limit = torch.tensor(wanted, dtype=torch.long)
+        draft.lengths = torch.minimum(draft.lengths, limit if isinstance(draft, Draft) else limit.unsqueeze(1))
         return shadows
 
     def _prefill(self, rows: list[_Row]) -> None:
@@ -265,7 +289,13 @@ class SpeculativeEngine:
         block = torch.cat([last, draft.tokens], dim=1)
         valid = torch.arange(k + 1).unsqueeze(0) <= lengths.unsqueeze(1)
         valid &= torch.tensor(active).unsqueeze(1)
-        logits = self.target.forward(block, valid)
+        prefix = None
+        if k > 0 and hasattr(self.drafter, "verify_prefix"):  # early exit: reuse the draft's layers
+            prefix = self.drafter.verify_prefix(self.target, [r.sequence for r in rows], block, valid)
+        if prefix is not None:
+            logits = self.target.forward(block, valid, prefix=prefix)
+        else:
+            logits = self.target.forward(block, valid)
         target_scores = self._penalised(logits, rows, block, config.sampling)
         if config.sampling.greedy:
             verdict = verify_greedy(draft.tokens, target_scores.argmax(-1), lengths)

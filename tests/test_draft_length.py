@@ -50,9 +50,10 @@ def test_cost_policy_uses_draft_cost():
     costs.observe_draft(tokens=1, seconds=0.05)  # each draft token costs half a target step
     policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs)
     for _ in range(30):
-        policy.update(0, drafted=4, accepted=2)  # alpha = 2/3
+        policy.update(0, drafted=4, accepted=2)  # first token always right, later ones 1 in 2
     k = policy.limit(0)
-    rates = {j: expected_tokens(policy.alpha(0), j) / (0.1 + 0.05 * j) for j in range(0, 9)}
+    estimate = policy.estimate(0)
+    rates = {j: estimate.expected_tokens(j) / (0.1 + 0.05 * j) for j in range(0, 9)}
     assert k == max(rates, key=rates.get)
     assert 0 < k < 8
 
@@ -109,8 +110,106 @@ def test_cost_policy_needs_a_margin_over_plain_decoding():
     costs = CostModel()
     for width in range(1, 10):
         costs.observe_verify(width, 1.0 + 0.1 * (width - 1))
-    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs, prior_alpha=0.2, prior_weight=1000)
+    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs, prior_alpha=0.2, prior_later=0.2,
+                         prior_weight=1000)
     # alpha 0.2: one draft gives 1.2 tokens for 1.1 the cost, +9% < MARGIN - 1
-    assert 1.2 / 1.1 < MARGIN and policy._best_k(0) == 0
+    assert 1.2 / 1.1 < MARGIN and policy.best_k(0) == 0
     rich = DraftLength("cost", k_max=8, batch=1, cost_model=costs, prior_alpha=0.6, prior_weight=1000)
-    assert rich._best_k(0) > 0
+    assert rich.best_k(0) > 0
+
+
+def test_acceptance_counts_first_and_later_tokens():
+    """E[tokens](k) = 1 + first * (1 + later + ... + later^(k-1)), the rates counted from verdicts."""
+    from genspec.draft_length import Acceptance
+
+    counts = Acceptance(prior_first=0.5, prior_later=0.5, prior_weight=1e-9, decay=1.0)
+    counts.record(drafted=4, accepted=0)   # first tested, rejected
+    counts.record(drafted=4, accepted=4)   # first accepted; later 3 tested, 3 accepted
+    counts.record(drafted=4, accepted=2)   # first accepted; later 2 tested (1 accepted, 1 rejected)
+    assert counts.rate_first == pytest.approx(2 / 3)
+    assert counts.rate_later == pytest.approx(4 / 5)
+    assert counts.expected_tokens(3) == pytest.approx(1 + 2 / 3 * (1 + 0.8 + 0.64))
+    assert counts.expected_tokens(0) == 1.0
+
+
+def test_cost_policy_learns_per_evidence_level():
+    """Weak proposals (evidence 1, first token right 1 time in 10) are not verified; strong ones
+    (evidence 4, always right) are drafted to k_max, in the same row."""
+    costs = CostModel()
+    for width in range(1, 10):
+        costs.observe_verify(width, 0.1 * (1 + 0.1 * (width - 1)))
+    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs)
+    for step in range(40):
+        policy.update(0, drafted=3, accepted=int(step % 10 == 0), evidence=1)
+        policy.update(0, drafted=8, accepted=8, evidence=4)
+    assert policy.limit(0, evidence=1, probe=False) == 0
+    assert policy.limit(0, evidence=4) == 8
+    # a new level starts from the prior, or lower where the row's levels so far did worse
+    assert policy.estimate(0, 2).rate_first == 0.5
+    assert DraftLength("cost", k_max=8, batch=1).estimate(0, 2).rate_first == 0.5  # nothing seen: the prior
+    bad = DraftLength("cost", k_max=8, batch=1)
+    for _ in range(5):
+        bad.update(0, drafted=3, accepted=0, evidence=1)
+    assert bad.estimate(0, 3).rate_first < 0.2
+
+
+def test_free_proposals_are_scored_when_not_verified():
+    policy = DraftLength("cost", k_max=8, batch=1)
+    before = policy.estimate(0, 2).rate_first
+    policy.shadow(0, [7, 8], [7], evidence=2)
+    assert policy.estimate(0, 2).rate_first > before
+    policy.shadow(0, [9, 8], [7], evidence=3)
+    assert policy.estimate(0, 3).rate_first < before
+
+
+def test_first_step_drafts_a_few_tokens_not_k_max():
+    """Nothing measured yet: the prior costs (1 + 0.1 k) and the prior acceptance pick a short draft."""
+    policy = DraftLength("cost", k_max=16, batch=1)
+    assert 1 <= policy.limit(0) <= 4
+
+
+def test_prompt_lookup_reports_match_length_as_evidence():
+    drafter = PromptLookupDrafter(max_ngram=3)
+    seq = [1, 2, 3, 4, 9, 9, 1, 2, 3]  # last 3 tokens seen before: a 3-gram match
+    draft = drafter.propose([seq, [5, 6, 7], [1, 8, 1]], [4, 4, 4])
+    assert draft.evidence == [3, 0, 1]
+    assert draft.tokens[0, :4].tolist() == [4, 9, 9, 1]
+
+
+def test_engine_drops_weak_free_drafts_and_stays_exact(monkeypatch):
+    """A drafter whose weak proposals are always wrong and strong ones always right: the cost policy
+    ends up verifying (nearly) only the strong ones, and the output equals plain decoding. Costs are
+    made deterministic (verifying w tokens costs 1 + 0.1 (w - 1), drafting nothing) so the test does
+    not depend on this machine's timings."""
+    from genspec.drafters.base import Draft, Drafter
+
+    def synthetic_verify(self, width, seconds):
+        self.verify[width] = 1 + 0.1 * (width - 1)
+
+    monkeypatch.setattr(CostModel, "observe_verify", synthetic_verify)
+    monkeypatch.setattr(CostModel, "observe_draft", lambda self, tokens, seconds: None)
+
+    target = HFCausalLM(tiny_llama(0))
+    prompt = [[5, 6, 7, 8, 9, 5, 6, 7]]
+    plain = SpeculativeEngine(target).generate_ids(prompt, max_new_tokens=60, eos_token_ids=())[0].token_ids
+
+    class Oracle(Drafter):
+        name, deterministic = "oracle", True
+
+        def propose(self, sequences, max_tokens):
+            done = len(sequences[0]) - len(prompt[0])
+            strong = done % 3 == 0
+            truth = plain[done:done + max_tokens[0]]
+            tokens = truth if strong else [(t + 1) % 256 for t in truth]
+            draft = Draft.from_lists([tokens])
+            draft.evidence = [4 if strong else 1]
+            return draft
+
+    result = SpeculativeEngine(target, Oracle()).generate_ids(prompt, max_new_tokens=60, eos_token_ids=(),
+                                                               num_draft_tokens=4)[0]
+    assert result.token_ids == plain
+    stats = result.stats
+    verified, first_right = stats.drafted_per_position[0], stats.accepted_per_position[0]
+    # weak drafts (always wrong) are verified only while the prior still trusts them
+    assert verified - first_right <= 3
+    assert first_right >= 10  # strong ones (always right) keep being verified

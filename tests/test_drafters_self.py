@@ -125,3 +125,65 @@ def test_draft_vocab_file(tmp_path):
     path.write_text("{}")
     with pytest.raises(InputFileError):
         genspec.build_drafter("early-exit", target, draft_vocab_file=str(path))
+
+
+@pytest.mark.parametrize("build, tolerance", [(tiny_llama, 1e-9), (tiny_gemma3, 1e-5)])
+def test_early_exit_prefix_equals_a_full_verify_pass(build, tolerance):
+    """KV reuse: the target fed the early-exit draft's first layers (keys, values, hidden states at
+    the exit) gives the logits of a full pass, and its cache stays exact for later steps. float64
+    (Gemma 3's RMSNorm runs in float32, hence its looser tolerance)."""
+    model = build(0, layers=3)
+    reused, fresh = HFCausalLM(model), HFCausalLM(model)
+    draft = variants.early_exit(reused, 2)
+    prompt, drafts = [5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15]
+    for target in (reused, fresh):
+        target.reset(1)
+        target.forward(torch.tensor([prompt[:-1]]))
+        target.commit_all()
+    draft.reset(1)
+    draft.forward(torch.tensor([prompt + drafts]))
+    draft.commit_all()
+    block = torch.tensor([[prompt[-1]] + drafts])
+    valid = torch.ones_like(block, dtype=torch.bool)
+    prefix = draft.prefix_kv(torch.tensor([len(prompt) - 1]), valid)
+    assert prefix is not None and prefix.num_layers == 2
+    assert torch.allclose(reused.forward(block, valid, prefix=prefix), fresh.forward(block, valid), atol=tolerance)
+    keep = torch.tensor([[0, 1, -1, -1]])  # one draft accepted
+    for target in (reused, fresh):
+        target.keep_block(keep)
+    after = torch.tensor([[20, 21]])
+    assert torch.allclose(reused.forward(after), fresh.forward(after), atol=tolerance)
+
+
+def test_early_exit_prefix_needs_held_positions():
+    target = HFCausalLM(tiny_llama(0, layers=3))
+    draft = variants.early_exit(target, 1)
+    draft.reset(1)
+    draft.forward(torch.tensor([[5, 6, 7]]))
+    draft.commit_all()
+    assert draft.prefix_kv(torch.tensor([2]), torch.ones(1, 2, dtype=torch.bool)) is None  # position 3 not held
+    assert draft.prefix_kv(torch.tensor([1]), torch.ones(1, 2, dtype=torch.bool)) is not None
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gemma3])
+def test_early_exit_engine_reuses_the_draft_layers(build, monkeypatch):
+    """The engine's verify pass takes the early-exit draft's layers (the target runs only the rest),
+    for single rows and ragged batches, and greedy output still equals plain decoding."""
+    target = HFCausalLM(build(0, layers=3, dtype=torch.float32))
+    plain = SpeculativeEngine(target).generate_ids(PROMPTS, max_new_tokens=24, eos_token_ids=())
+    used = []
+    original = HFCausalLM.forward
+
+    def spy(self, tokens, valid=None, tree_mask=None, last_only=False, prefix=None):
+        if self is target and not last_only:  # verify passes (the prefill is last_only)
+            used.append((tokens.shape[1] > 1, prefix is not None))
+        return original(self, tokens, valid, tree_mask, last_only, prefix)
+
+    monkeypatch.setattr(HFCausalLM, "forward", spy)
+    engine = SpeculativeEngine(target, DraftModelDrafter(variants.early_exit(target, 2)))
+    for prompts in (PROMPTS[:1], PROMPTS):
+        used.clear()
+        out = engine.generate_ids(prompts, max_new_tokens=24, eos_token_ids=(), num_draft_tokens=3,
+                                  draft_length="fixed")
+        assert [r.token_ids for r in out] == [p.token_ids for p in plain[:len(prompts)]]
+        assert len(used) >= 5 and all(drafted == reused for drafted, reused in used)  # every pass with drafts

@@ -22,11 +22,14 @@ class Draft:
     tokens: ``[B, k]`` (padding beyond ``lengths`` is arbitrary); lengths: ``[B]``;
     probs: ``[B, k, V]`` the (processed) draft law each token was drawn from, or None when the drafter
     is deterministic (its law is the point mass on the token; lossless verification still holds).
+    evidence: optional, per row, a small hashable grade of how well the proposal is backed (prompt
+    lookup: the matched n-gram length); the cost-aware draft length learns acceptance per grade.
     """
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     probs: torch.Tensor | None = None
+    evidence: list | None = None
 
     @classmethod
     def from_lists(cls, proposals: list[list[int]], device=None) -> "Draft":
@@ -46,12 +49,14 @@ class TreeDraft:
     chains: ``[B, M, k]`` tokens of M candidate chains; lengths: ``[B, M]``; probs: ``[B, M, k, V]``
     the draft law each token was drawn from, or None (deterministic candidates). Chains are
     independent draws; identical prefixes are merged into one tree node for the target pass, but
-    every chain stays a separate candidate for the recursive residual verifier.
+    every chain stays a separate candidate for the recursive residual verifier. evidence: as in
+    :class:`Draft` (for the first chain).
     """
 
     chains: torch.Tensor
     lengths: torch.Tensor
     probs: torch.Tensor | None = None
+    evidence: list | None = None
 
 
 class Drafter(ABC):

@@ -69,16 +69,24 @@ class DraftModelDrafter(Drafter):
             self.inner.begin(prompts, sampling, generator)
 
     # --------------------------------------------------------------- helpers
-    def _sync(self, sequences: list[list[int]], active: list[bool]) -> torch.Tensor:
-        """Bring the model's cache to ``sequences`` and return the logits ``[B, V]`` of the next token."""
-        keep = [min(_common_prefix(held, seq), len(seq) - 1) for held, seq in zip(self._held, sequences)]
+    def _sync(self, sequences: list[list[int]], active: list[bool], logits: bool = True) -> torch.Tensor | None:
+        """Bring the model's cache to ``sequences``; return the logits ``[B, V]`` of the next token
+        (then the last token is always fed again, for its logits), or None with ``logits=False``."""
+        keep = [min(_common_prefix(held, seq), len(seq) - (1 if logits else 0))
+                for held, seq in zip(self._held, sequences)]
         self.model.truncate(torch.tensor(keep, dtype=torch.long))
         new = [seq[k:] if on else [] for seq, k, on in zip(sequences, keep, active)]
-        tokens, valid = _ragged(new)
-        logits = self.model.forward(tokens, valid, last_only=True)[:, 0]
-        self.model.commit_all(valid)
         self._held = [seq[:k] + chunk for seq, k, chunk in zip(sequences, keep, new)]
-        return logits
+        if not logits and not any(new):
+            return None
+        tokens, valid = _ragged(new)
+        if logits:
+            out = self.model.forward(tokens, valid, last_only=True)[:, 0]
+        else:
+            self.model.hidden_states(tokens, valid)
+            out = None
+        self.model.commit_all(valid)
+        return out
 
     def _scores(self, logits: torch.Tensor, sequences: list[list[int]], block: torch.Tensor | None = None):
         """Repetition-penalised logits (``[B, V]``, or ``[B, n, V]`` for a block after ``sequences``)."""
@@ -200,6 +208,18 @@ class DraftModelDrafter(Drafter):
             probs = torch.stack([torch.nn.functional.pad(c.probs, (0, 0, 0, width - c.probs.shape[1]))
                                  for c in chains], 1)
         return TreeDraft(tokens, torch.stack([c.lengths for c in chains], dim=1), probs)
+
+    def verify_prefix(self, target, sequences: list[list[int]], block: torch.Tensor, valid: torch.Tensor):
+        """For an early-exit draft of ``target``: the first layers of the verify block ``[last, drafts]``,
+        already computed while drafting (only the last draft token is still fed), as a
+        :class:`genspec.models.hf.PrefixKV`; None when this drafter cannot provide them."""
+        if getattr(self.model, "source", None) is not target or not hasattr(self.model, "prefix_kv"):
+            return None
+        lengths = valid.sum(1).tolist()
+        needed = [seq + block[r, 1:lengths[r]].tolist() for r, seq in enumerate(sequences)]
+        self._sync(needed, [n > 0 for n in lengths], logits=False)
+        start = torch.tensor([len(seq) - 1 for seq in sequences], dtype=torch.long)
+        return self.model.prefix_kv(start, valid)
 
     def feedback(self, accepted_lengths):
         if self.inner is not None:

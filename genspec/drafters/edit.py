@@ -168,7 +168,9 @@ class EditDrafter(Drafter):
             found += [p for p in guesses if 0 <= p < len(row.source)]
         return list(dict.fromkeys(found))
 
-    def _row_candidates(self, row: _Row, sequence: list[int], limit: int) -> list[list[int]]:
+    def _row_candidates(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
+        """Candidate chains and the evidence behind the first: the n-gram length that placed it
+        (``max_ngram + 1`` while the output keeps copying the source)."""
         pointers = self._locate(row, sequence)
         chains, chosen = [], []
         for pointer in pointers:  # one chain per distinct next token (tree branches must differ)
@@ -180,16 +182,18 @@ class EditDrafter(Drafter):
                     break
         row.pointers = chosen or pointers[:1]
         row.seen = len(sequence)
-        repeat = self._self_repeat(row, sequence, limit)
+        evidence = min(row.clue, self.max_ngram + 1) if chains else 0
+        repeat, n = self._self_repeat(row, sequence, limit)
         if repeat:  # a longer match than the source clue: draft it first (drop a source chain it shadows)
             chains = [repeat] + [c for c in chains if c[0] != repeat[0]][:self.num_candidates - 1]
-        return chains
+            evidence = n
+        return chains, evidence
 
-    def _self_repeat(self, row: _Row, sequence: list[int], limit: int) -> list[int]:
+    def _self_repeat(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[int], int]:
         """What followed the latest earlier occurrence of the sequence's last n tokens (n >= 2) in the
-        sequence itself, when that match is longer than the source clue; else nothing."""
+        sequence itself, when that match is longer than the source clue, and n; else nothing."""
         if row.clue >= _COPYING:
-            return []
+            return [], 0
         if row.sequence_index is None:
             row.sequence_index = NGramIndex(2, self.max_ngram)
         index = row.sequence_index
@@ -197,18 +201,18 @@ class EditDrafter(Drafter):
         for n in range(self.max_ngram, max(row.clue, 1), -1):
             matches = index.matches(n)
             if matches:
-                return copy_forward(index.tokens, matches[-1], limit)
-        return []
-
+                return copy_forward(index.tokens, matches[-1], limit), n
+        return [], 0
 
     def propose(self, sequences, max_tokens):
         if len(self._rows) != len(sequences):  # used without begin: no prompt, only a given source
             self._rows = [self._new_row([], b) for b in range(len(sequences))]
-        proposals = [self._row_candidates(row, seq, limit) if limit > 0 else []
-                     for row, seq, limit in zip(self._rows, sequences, max_tokens)]
+        found = [self._row_candidates(row, seq, limit) if limit > 0 else ([], 0)
+                 for row, seq, limit in zip(self._rows, sequences, max_tokens)]
+        proposals, evidence = [f[0] for f in found], [f[1] for f in found]
         if self.num_candidates == 1:
-            return chain_from_lists([p[0] if p else [] for p in proposals])
-        return tree_from_lists(proposals, self.num_candidates)
+            return chain_from_lists([p[0] if p else [] for p in proposals], evidence)
+        return tree_from_lists(proposals, self.num_candidates, evidence)
 
 
 def _as_token_ids(source, tokenizer):

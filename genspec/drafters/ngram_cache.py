@@ -258,29 +258,34 @@ class NGramCacheDrafter(Drafter):
         if self.learn:
             self.process.add(held, max(start, first_generated), len(held))
 
-    def _next_token(self, row: dict, tail: list[int]) -> int | None:
+    def _next_token(self, row: dict, tail: list[int]) -> tuple[int, int] | None:
+        """The most frequent continuation of the longest n-gram of ``tail`` found, with that n."""
         tables = [row["context"], self.process] + ([self.static] if self.static is not None else [])
         for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
             key = tuple(tail[len(tail) - n:])
             for table in tables:
                 found = table.best(key)
                 if found is not None and found[1] >= self.min_count and found[1] >= self.min_ratio * found[2]:
-                    return found[0]
+                    return found[0], n
         return None
 
-    def _draft_row(self, row: dict, sequence: list[int], limit: int) -> list[int]:
+    def _draft_row(self, row: dict, sequence: list[int], limit: int) -> tuple[list[int], int]:
+        """The draft and its evidence (the n-gram length behind its first token; 0: no draft)."""
         self._sync(row, sequence)
-        tail, draft = row["tokens"][-self.max_ngram:], []
+        tail, draft, evidence = row["tokens"][-self.max_ngram:], [], 0
         while len(draft) < limit:
-            token = self._next_token(row, tail)
-            if token is None:
+            found = self._next_token(row, tail)
+            if found is None:
                 break
+            token, n = found
+            evidence = evidence or n
             draft.append(token)
             tail = tail[1:] + [token] if len(tail) == self.max_ngram else tail + [token]
-        return draft
+        return draft, evidence
 
     def propose(self, sequences, max_tokens):
         if len(self._rows) != len(sequences):  # used without begin
             self._rows = [self._new_row(0) for _ in sequences]
-        return chain_from_lists([self._draft_row(row, seq, limit) if limit > 0 else []
-                                 for row, seq, limit in zip(self._rows, sequences, max_tokens)])
+        found = [self._draft_row(row, seq, limit) if limit > 0 else ([], 0)
+                 for row, seq, limit in zip(self._rows, sequences, max_tokens)]
+        return chain_from_lists([f[0] for f in found], [f[1] for f in found])

@@ -51,12 +51,13 @@ def check_candidates(num_candidates: int) -> None:
         raise ConfigError(f"num_candidates must be an integer >= 1, got {num_candidates}")
 
 
-def chain_from_lists(proposals: list[list[int]]) -> Draft:
+def chain_from_lists(proposals: list[list[int]], evidence: list | None = None) -> Draft:
     """A :class:`Draft` (``[B, k]``, probs None) from per-row token lists, built with one tensor
     call (three times faster than filling rows one by one, which matters at a few microseconds)."""
     width = max((len(p) for p in proposals), default=0)
     tokens = torch.tensor([p + [0] * (width - len(p)) for p in proposals], dtype=torch.long)
-    return Draft(tokens.reshape(len(proposals), width), torch.tensor([len(p) for p in proposals], dtype=torch.long))
+    return Draft(tokens.reshape(len(proposals), width), torch.tensor([len(p) for p in proposals], dtype=torch.long),
+                 evidence=evidence)
 
 
 def candidates_option(options: dict) -> dict:
@@ -69,14 +70,15 @@ def candidates_option(options: dict) -> dict:
     return options
 
 
-def tree_from_lists(proposals: list[list[list[int]]], num_chains: int) -> TreeDraft:
+def tree_from_lists(proposals: list[list[list[int]]], num_chains: int, evidence: list | None = None) -> TreeDraft:
     """A :class:`TreeDraft` (``[B, M, k]``, probs None) from per-row lists of up to ``num_chains``
     candidate chains (missing chains have length 0)."""
     width = max((len(chain) for row in proposals for chain in row), default=0)
     rows = [(row[:num_chains] + [[]] * (num_chains - len(row[:num_chains]))) for row in proposals]
     chains = torch.tensor([[c + [0] * (width - len(c)) for c in row] for row in rows], dtype=torch.long)
     lengths = torch.tensor([[len(c) for c in row] for row in rows], dtype=torch.long)
-    return TreeDraft(chains.reshape(len(proposals), num_chains, width), lengths.reshape(len(proposals), num_chains))
+    return TreeDraft(chains.reshape(len(proposals), num_chains, width), lengths.reshape(len(proposals), num_chains),
+                     evidence=evidence)
 
 
 class NGramIndex:
@@ -122,15 +124,16 @@ class NGramIndex:
             return []
         return self.positions.get(tuple(self.tokens[len(self.tokens) - n:]), [])
 
-    def continuations(self, num: int, max_scan: int = 64) -> list[int]:
-        """Up to ``num`` continuation positions whose next tokens differ: longest n-gram first, then
-        most recent first (at most ``max_scan`` occurrences looked at per n)."""
+    def continuations(self, num: int, max_scan: int = 64) -> list[tuple[int, int]]:
+        """Up to ``num`` ``(position, n)``: continuation positions whose next tokens differ, with the
+        length n of the matched n-gram; longest n first, then most recent first (at most
+        ``max_scan`` occurrences looked at per n)."""
         starts, firsts = [], set()
         for n in range(self.max_n, self.min_n - 1, -1):
             for j in reversed(self.matches(n)[-max_scan:]):
                 if self.tokens[j] not in firsts:
                     firsts.add(self.tokens[j])
-                    starts.append(j)
+                    starts.append((j, n))
                     if len(starts) == num:
                         return starts
         return starts
@@ -164,16 +167,18 @@ class PromptLookupDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         self._indexes = [NGramIndex(self.min_ngram, self.max_ngram) for _ in prompts]
 
-    def _row_candidates(self, index: NGramIndex, sequence: list[int], limit: int) -> list[list[int]]:
+    def _row_candidates(self, index: NGramIndex, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
+        """Candidate chains and the evidence: the n-gram length matched by the first one (0: none)."""
         index.sync(sequence)
         starts = index.continuations(self.num_candidates, self.max_scan)
-        return [copy_forward(index.tokens, j, limit) for j in starts]
+        return [copy_forward(index.tokens, j, limit) for j, _ in starts], (starts[0][1] if starts else 0)
 
     def propose(self, sequences, max_tokens):
         if len(self._indexes) != len(sequences):  # used without begin (or with another batch)
             self._indexes = [NGramIndex(self.min_ngram, self.max_ngram) for _ in sequences]
-        proposals = [self._row_candidates(index, seq, limit) if limit > 0 else []
-                     for index, seq, limit in zip(self._indexes, sequences, max_tokens)]
+        found = [self._row_candidates(index, seq, limit) if limit > 0 else ([], 0)
+                 for index, seq, limit in zip(self._indexes, sequences, max_tokens)]
+        proposals, evidence = [f[0] for f in found], [f[1] for f in found]
         if self.num_candidates == 1:
-            return chain_from_lists([p[0] if p else [] for p in proposals])
-        return tree_from_lists(proposals, self.num_candidates)
+            return chain_from_lists([p[0] if p else [] for p in proposals], evidence)
+        return tree_from_lists(proposals, self.num_candidates, evidence)

@@ -16,7 +16,9 @@ stored contiguous), which is exact and faster for the 1-16 row products of decod
 """
 from __future__ import annotations
 
+import copy
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,16 +28,52 @@ from genspec.models.base import CausalLM
 from genspec.models.head import LMHead
 
 
+@dataclass
+class PrefixKV:
+    """The first L decoder layers of a block, already computed by an early-exit draft that shares
+    those layers' weights (LayerSkip-style reuse): per layer the keys and values of the block
+    (``[B, kv_heads, n, head_dim]``), and the hidden states entering layer L (``[B, n, H]``).
+    :meth:`HFCausalLM.forward` with a prefix runs only layers L.. and copies these into its cache."""
+
+    hidden: torch.Tensor
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+
+def decoder_view(decoder, kept: list[int], final_norm: bool = True):
+    """A shallow copy of a decoder stack that runs only the layers ``kept`` (weights shared); without
+    ``final_norm`` it returns the hidden states before the final norm."""
+    view = copy.copy(decoder)
+    view._modules = dict(decoder._modules)
+    view.layers = torch.nn.ModuleList([decoder.layers[i] for i in kept])
+    if not final_norm:
+        view.norm = torch.nn.Identity()
+    config = copy.copy(decoder.config)
+    config.num_hidden_layers = len(kept)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [decoder.config.layer_types[i] for i in kept]
+    view.config = config
+    return view
+
+
 class HFCausalLM(CausalLM):
     """A transformers causal LM with genspec's slot cache. Build with :meth:`from_pretrained` or
     wrap an already loaded model: ``HFCausalLM(model)``."""
 
     def __init__(self, model, tokenizer=None, fast_kernels: bool = True, decoder=None,
-                 lm_head: LMHead | None = None, vocab_subset: torch.Tensor | None = None):
+                 lm_head: LMHead | None = None, vocab_subset: torch.Tensor | None = None,
+                 final_norm: torch.nn.Module | None = None):
         """``decoder`` replaces the model's own decoder stack (a view with fewer layers, see
         genspec.models.variants); ``lm_head`` shares an already laid-out :class:`LMHead`; ``vocab_subset``
-        restricts the head to those token ids (other logits are -inf: a cheaper draft head)."""
+        restricts the head to those token ids (other logits are -inf: a cheaper draft head);
+        ``final_norm`` is applied before the head (for a decoder view that returns un-normed states)."""
         self.model = model.eval()
+        self._final_norm = final_norm
+        self._tails: dict[int, object] = {}
         self.tokenizer = tokenizer
         self._decoder = decoder if decoder is not None else (
             model.get_decoder() if hasattr(model, "get_decoder") else model.model)
@@ -203,6 +241,8 @@ class HFCausalLM(CausalLM):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., V]`` from final hidden states ``[..., H]``."""
+        if self._final_norm is not None:
+            hidden = self._final_norm(hidden)
         if self._lm_head is not None:
             logits = self._lm_head(hidden)
         else:
@@ -216,8 +256,10 @@ class HFCausalLM(CausalLM):
         return logits
 
     def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
-                      tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the decoder on a new block; returns final hidden states ``[B, n, H]`` and ``valid``."""
+                      tree_mask: torch.Tensor | None = None,
+                      prefix: PrefixKV | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the decoder on a new block; returns final hidden states ``[B, n, H]`` and ``valid``.
+        With ``prefix`` the first layers come ready-made (see :class:`PrefixKV`)."""
         tokens = tokens.to(self.device)
         batch, n = tokens.shape
         if batch != self._lengths.shape[0]:
@@ -237,15 +279,32 @@ class HFCausalLM(CausalLM):
         masks = self._attention_masks(query_positions, tree_mask, valid)
         self._block_start = self.num_slots
         with torch.inference_mode():
-            out = self._decoder(input_ids=tokens, attention_mask=self._mask_argument(masks),
-                                position_ids=query_positions, past_key_values=self.cache, use_cache=True)
+            if prefix is None:
+                out = self._decoder(input_ids=tokens, attention_mask=self._mask_argument(masks),
+                                    position_ids=query_positions, past_key_values=self.cache, use_cache=True)
+            else:
+                out = self._tail(prefix.num_layers)(
+                    inputs_embeds=prefix.hidden.to(self.device, self.dtype), attention_mask=self._mask_argument(masks),
+                    position_ids=query_positions, past_key_values=self.cache, use_cache=True)
+                for layer, (keys, values) in enumerate(zip(prefix.keys, prefix.values)):
+                    self.cache.update(keys.to(self.device), values.to(self.device), layer)
         self.slot_positions = torch.cat([self.slot_positions, torch.full_like(tokens, -1)], dim=1)
         return out.last_hidden_state, valid
 
+    def _tail(self, start: int):
+        """The decoder from layer ``start`` on (fed hidden states instead of token ids)."""
+        if start not in self._tails:
+            if not 0 < start < len(self._decoder.layers):
+                raise ConfigError(f"a prefix of {start} layers does not fit a {len(self._decoder.layers)}-layer model")
+            self._tails[start] = decoder_view(self._decoder, list(range(start, len(self._decoder.layers))))
+        return self._tails[start]
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
-                tree_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
-        hidden, valid = self.hidden_states(tokens, valid, tree_mask)
+                tree_mask: torch.Tensor | None = None, last_only: bool = False,
+                prefix: PrefixKV | None = None) -> torch.Tensor:
+        """See :meth:`CausalLM.forward`; ``prefix``: layers already computed by an early-exit draft."""
+        hidden, valid = self.hidden_states(tokens, valid, tree_mask, prefix)
         if last_only:
             last = valid.long().cumsum(-1).argmax(-1)  # index of the last valid token
             hidden = hidden[torch.arange(hidden.shape[0], device=self.device), last].unsqueeze(1)

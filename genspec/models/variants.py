@@ -3,7 +3,8 @@
 - :func:`early_exit`: the target's first L layers + its final norm and LM head (LayerSkip, Kangaroo).
 - :func:`layer_skip`: the target with a set of layers skipped (SWIFT, Draft-on-the-fly).
 - :func:`quantized`: a copy of the target with int8 dynamic quantisation of its Linear layers.
-Early exit and layer skip share the target's weights (no copy); each variant keeps its own KV cache.
+Early exit and layer skip share the target's weights (no copy); each variant keeps its own KV cache,
+and an early-exit draft hands the layers it computed to the target's verify pass (KV reuse).
 Any of them may also draft over a truncated vocabulary (``vocab_subset``, FR-Spec style): the LM head
 (262k x 640 on Gemma 3) is a large part of a step, so a draft that evaluates it in full is never cheap.
 """
@@ -15,25 +16,72 @@ import warnings
 import torch
 
 from genspec.errors import ConfigError
-from genspec.models.hf import HFCausalLM, TransposedLinear
+from genspec.models.hf import HFCausalLM, PrefixKV, TransposedLinear, decoder_view
 
 
 def num_layers(target: HFCausalLM) -> int:
     return len(target._decoder.layers)
 
 
-def _decoder_view(target: HFCausalLM, kept: list[int]):
-    """A shallow copy of the target's decoder that runs only the layers ``kept`` (weights shared)."""
-    decoder = target._decoder
-    view = copy.copy(decoder)
-    view._modules = dict(decoder._modules)
-    view.layers = torch.nn.ModuleList([decoder.layers[i] for i in kept])
-    config = copy.copy(decoder.config)
-    config.num_hidden_layers = len(kept)
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = [decoder.config.layer_types[i] for i in kept]
-    view.config = config
-    return view
+def _decoder_view(target: HFCausalLM, kept: list[int], final_norm: bool = True):
+    return decoder_view(target._decoder, kept, final_norm)
+
+
+class EarlyExitModel(HFCausalLM):
+    """The target's first L layers (weights shared), then the target's final norm and head.
+
+    It also serves the target's verify pass (LayerSkip-style KV reuse): the draft has already run
+    layers 0..L-1 over the tokens it drafted, so :meth:`prefix_kv` hands their keys / values and the
+    hidden states entering layer L to the target, which then runs only layers L.. for the block
+    (see :class:`genspec.models.hf.PrefixKV`). The hidden states of the last few positions of each
+    row are kept for that."""
+
+    KEEP = 64  # positions per row whose layer-L hidden states are kept
+
+    def __init__(self, target: HFCausalLM, exit_layer: int, vocab_subset=None):
+        view = _decoder_view(target, list(range(exit_layer)), final_norm=False)
+        super().__init__(target.model, target.tokenizer, fast_kernels=False, decoder=view,
+                         lm_head=target._lm_head, vocab_subset=vocab_subset, final_norm=target._decoder.norm)
+        self.source = target
+        self.exit_layer = exit_layer
+
+    def reset(self, batch_size: int) -> None:
+        super().reset(batch_size)
+        self._exit_hidden: list[dict[int, torch.Tensor]] = [{} for _ in range(batch_size)]
+
+    def hidden_states(self, tokens, valid=None, tree_mask=None, prefix=None):
+        before = self._lengths.clone()
+        hidden, valid = super().hidden_states(tokens, valid, tree_mask, prefix)
+        if tree_mask is None:  # chains: position = row length + index among the valid tokens
+            positions = before.unsqueeze(1) + valid.long().cumsum(-1) - 1
+            for row in range(hidden.shape[0]):
+                record, last = self._exit_hidden[row], int(before[row]) + int(valid[row].sum())
+                for j in valid[row].nonzero().flatten().tolist()[-self.KEEP:]:
+                    record[int(positions[row, j])] = hidden[row, j]
+                for position in [p for p in record if p < last - self.KEEP]:
+                    del record[position]
+        return hidden, valid
+
+    def prefix_kv(self, start: torch.Tensor, valid: torch.Tensor) -> PrefixKV | None:
+        """Layers 0..L-1 of the block at positions ``start[b] + j`` (``valid`` ``[B, n]``), all of which
+        this model must hold; None if some hidden state is no longer kept."""
+        batch, n = valid.shape
+        wanted = start.unsqueeze(1) + torch.arange(n)
+        hidden = torch.zeros(batch, n, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        for row in range(batch):
+            for j in valid[row].nonzero().flatten().tolist():
+                state = self._exit_hidden[row].get(int(wanted[row, j]))
+                if state is None or int(wanted[row, j]) >= int(self._lengths[row]):
+                    return None
+                hidden[row, j] = state
+        match = self.slot_positions.unsqueeze(2) == wanted.to(self.device).unsqueeze(1)  # [B, S, n]
+        slots = match.long().argmax(1)  # [B, n] (padding: any slot, never kept by the target)
+        keys, values = [], []
+        for layer in list(self._cache_tensors())[:self.exit_layer]:
+            index = slots[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            keys.append(layer.keys.gather(2, index))
+            values.append(layer.values.gather(2, index))
+        return PrefixKV(hidden, keys, values)
 
 
 def layer_skip(target: HFCausalLM, skip: list[int], vocab_subset: torch.Tensor | None = None) -> HFCausalLM:
@@ -54,7 +102,9 @@ def early_exit(target: HFCausalLM, exit_layer: int, vocab_subset: torch.Tensor |
     total = num_layers(target)
     if not (isinstance(exit_layer, int) and 1 <= exit_layer <= total):
         raise ConfigError(f"exit layer must be in 1..{total}, got {exit_layer}")
-    return layer_skip(target, list(range(exit_layer, total)), vocab_subset)
+    if exit_layer == total:  # the whole model: nothing to hand over
+        return layer_skip(target, [], vocab_subset)
+    return EarlyExitModel(target, exit_layer, vocab_subset)
 
 
 def quantized(target: HFCausalLM, vocab_subset: torch.Tensor | None = None) -> HFCausalLM:
