@@ -349,15 +349,18 @@ class RetrievalDrafter(Drafter):
         check_index_fits(index, target)
         return cls(index, **candidates_option(options))
 
-    def _row_candidates(self, sequence: list[int], limit: int) -> list[list[int]]:
+    def _row_candidates(self, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
+        """Candidate chains and the evidence: the matched suffix length (0: no draft)."""
         length, lo, hi = self.index.longest_suffix_match(sequence, self.max_suffix)
         if length < self.min_suffix:
-            return []
-        return frequent_chains(self.index.continuations(lo, hi, limit, self.max_matches), self.num_candidates)
+            return [], 0
+        chains = frequent_chains(self.index.continuations(lo, hi, limit, self.max_matches), self.num_candidates)
+        return chains, (length if chains else 0)
 
     def propose(self, sequences, max_tokens):
-        proposals = [self._row_candidates(seq, limit) if limit > 0 else []
-                     for seq, limit in zip(sequences, max_tokens)]
+        found = [self._row_candidates(seq, limit) if limit > 0 else ([], 0)
+                 for seq, limit in zip(sequences, max_tokens)]
+        proposals, evidence = [f[0] for f in found], [f[1] for f in found]
         if self.num_candidates == 1:
-            return chain_from_lists([p[0] if p else [] for p in proposals])
-        return tree_from_lists(proposals, self.num_candidates)
+            return chain_from_lists([p[0] if p else [] for p in proposals], evidence)
+        return tree_from_lists(proposals, self.num_candidates, evidence)
