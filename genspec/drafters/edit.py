@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from genspec.drafters.base import Drafter
-from genspec.drafters.prompt_lookup import NGramIndex, candidates_option, chain_from_lists, check_candidates, \
-    check_ngram_range, copy_forward, tree_from_lists
+from genspec.drafters.prompt_lookup import NGramIndex, candidates_draft, candidates_option, check_candidates, \
+    check_ngram_range, copy_forward
 from genspec.errors import ConfigError
 from genspec.textfiles import read_utf8_text
 
@@ -207,12 +207,9 @@ class EditDrafter(Drafter):
     def propose(self, sequences, max_tokens):
         if len(self._rows) != len(sequences):  # used without begin: no prompt, only a given source
             self._rows = [self._new_row([], b) for b in range(len(sequences))]
-        found = [self._row_candidates(row, seq, limit) if limit > 0 else ([], 0)
-                 for row, seq, limit in zip(self._rows, sequences, max_tokens)]
-        proposals, evidence = [f[0] for f in found], [f[1] for f in found]
-        if self.num_candidates == 1:
-            return chain_from_lists([p[0] if p else [] for p in proposals], evidence)
-        return tree_from_lists(proposals, self.num_candidates, evidence)
+        return candidates_draft([self._row_candidates(row, seq, limit) if limit > 0 else ([], 0)
+                                 for row, seq, limit in zip(self._rows, sequences, max_tokens)],
+                                self.num_candidates)
 
 
 def _as_token_ids(source, tokenizer):

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from genspec.drafters.base import Drafter
-from genspec.drafters.prompt_lookup import candidates_option, chain_from_lists, check_candidates, \
-    common_prefix_length, tree_from_lists
+from genspec.drafters.prompt_lookup import candidates_draft, candidates_option, check_candidates, \
+    common_prefix_length
 from genspec.errors import ConfigError
 
 
@@ -130,8 +130,5 @@ class LookaheadDrafter(Drafter):
     def propose(self, sequences, max_tokens):
         if len(self._pools) != len(sequences):  # used without begin
             self._reset(len(sequences))
-        proposals = [self._row_candidates(b, seq, limit) if limit > 0 else []
-                     for b, (seq, limit) in enumerate(zip(sequences, max_tokens))]
-        if self.num_candidates == 1:
-            return chain_from_lists([p[0] if p else [] for p in proposals])
-        return tree_from_lists(proposals, self.num_candidates)
+        return candidates_draft([(self._row_candidates(b, seq, limit) if limit > 0 else [], None)
+                                 for b, (seq, limit) in enumerate(zip(sequences, max_tokens))], self.num_candidates)

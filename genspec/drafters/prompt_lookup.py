@@ -60,6 +60,15 @@ def chain_from_lists(proposals: list[list[int]], evidence: list | None = None) -
                  evidence=evidence)
 
 
+def candidates_draft(found: list[tuple[list[list[int]], object]], num_candidates: int) -> Draft | TreeDraft:
+    """The draft of a candidate drafter from per-row ``(chains, evidence)``: the best chain per row
+    (``num_candidates == 1``) or a tree of up to ``num_candidates`` chains."""
+    proposals, evidence = [f[0] for f in found], [f[1] for f in found]
+    if num_candidates == 1:
+        return chain_from_lists([p[0] if p else [] for p in proposals], evidence)
+    return tree_from_lists(proposals, num_candidates, evidence)
+
+
 def candidates_option(options: dict) -> dict:
     """Accept ``num_drafts`` (the CLI's ``--num-drafts``) as the model-free drafters' ``num_candidates``."""
     if "num_drafts" in options:
@@ -176,9 +185,6 @@ class PromptLookupDrafter(Drafter):
     def propose(self, sequences, max_tokens):
         if len(self._indexes) != len(sequences):  # used without begin (or with another batch)
             self._indexes = [NGramIndex(self.min_ngram, self.max_ngram) for _ in sequences]
-        found = [self._row_candidates(index, seq, limit) if limit > 0 else ([], 0)
-                 for index, seq, limit in zip(self._indexes, sequences, max_tokens)]
-        proposals, evidence = [f[0] for f in found], [f[1] for f in found]
-        if self.num_candidates == 1:
-            return chain_from_lists([p[0] if p else [] for p in proposals], evidence)
-        return tree_from_lists(proposals, self.num_candidates, evidence)
+        return candidates_draft([self._row_candidates(index, seq, limit) if limit > 0 else ([], 0)
+                                 for index, seq, limit in zip(self._indexes, sequences, max_tokens)],
+                                self.num_candidates)

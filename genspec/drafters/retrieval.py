@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from genspec.drafters.base import Drafter
-from genspec.drafters.prompt_lookup import candidates_option, chain_from_lists, check_candidates, tree_from_lists
+from genspec.drafters.prompt_lookup import candidates_draft, candidates_option, check_candidates
 from genspec.errors import ConfigError, InputFileError
 from genspec.textfiles import read_utf8_text
 
@@ -358,9 +358,5 @@ class RetrievalDrafter(Drafter):
         return chains, (length if chains else 0)
 
     def propose(self, sequences, max_tokens):
-        found = [self._row_candidates(seq, limit) if limit > 0 else ([], 0)
-                 for seq, limit in zip(sequences, max_tokens)]
-        proposals, evidence = [f[0] for f in found], [f[1] for f in found]
-        if self.num_candidates == 1:
-            return chain_from_lists([p[0] if p else [] for p in proposals], evidence)
-        return tree_from_lists(proposals, self.num_candidates, evidence)
+        return candidates_draft([self._row_candidates(seq, limit) if limit > 0 else ([], 0)
+                                 for seq, limit in zip(sequences, max_tokens)], self.num_candidates)

@@ -23,10 +23,6 @@ def num_layers(target: HFCausalLM) -> int:
     return len(target._decoder.layers)
 
 
-def _decoder_view(target: HFCausalLM, kept: list[int], final_norm: bool = True):
-    return decoder_view(target._decoder, kept, final_norm)
-
-
 class EarlyExitModel(HFCausalLM):
     """The target's first L layers (weights shared), then the target's final norm and head.
 
@@ -39,7 +35,7 @@ class EarlyExitModel(HFCausalLM):
     KEEP = 64  # positions per row whose layer-L hidden states are kept
 
     def __init__(self, target: HFCausalLM, exit_layer: int, vocab_subset=None):
-        view = _decoder_view(target, list(range(exit_layer)), final_norm=False)
+        view = decoder_view(target._decoder, list(range(exit_layer)), final_norm=False)
         super().__init__(target.model, target.tokenizer, fast_kernels=False, decoder=view,
                          lm_head=target._lm_head, vocab_subset=vocab_subset, final_norm=target._decoder.norm)
         self.source = target
@@ -93,7 +89,7 @@ def layer_skip(target: HFCausalLM, skip: list[int], vocab_subset: torch.Tensor |
     kept = [i for i in range(total) if i not in set(skip)]
     if not kept:
         raise ConfigError("cannot skip every layer")
-    return HFCausalLM(target.model, target.tokenizer, fast_kernels=False, decoder=_decoder_view(target, kept),
+    return HFCausalLM(target.model, target.tokenizer, fast_kernels=False, decoder=decoder_view(target._decoder, kept),
                       lm_head=target._lm_head, vocab_subset=vocab_subset)
 
 
