@@ -205,6 +205,7 @@ def test_report_on_synthetic_results():
     assert "fastest `prompt-lookup`" in text
     one_repeat = dict(results, runs=[r for r in results["runs"] if r["repeat"] == 0])
     assert "One repeat only" in write_report(one_repeat)
+    assert "Note:" not in text and "Note: runs of x removed" in write_report(dict(results, note="runs of x removed"))
 
 
 def _check_png(path):

@@ -69,6 +69,8 @@ def model_free_drafters(plain_outputs):
             index.tokens, 1, 4, SEPARATOR)),
         "retrieval": lambda batch: RetrievalDrafter(index),
         "retrieval-tree": lambda batch: RetrievalDrafter(index, num_candidates=3, min_suffix=1),
+        "retrieval-context": lambda batch: RetrievalDrafter(index, context=True),
+        "retrieval-context-tree": lambda batch: RetrievalDrafter(index, num_candidates=3, context=True),
         "edit": lambda batch: EditDrafter([_noisy(o, 10 + i) for i, o in enumerate(plain_outputs[:batch])]),
         "edit-tree": lambda batch: EditDrafter([_noisy(o, 10 + i) for i, o in enumerate(plain_outputs[:batch])],
                                                num_candidates=3),
@@ -315,6 +317,26 @@ def test_ngram_cache_learns_across_requests(target):
     assert second.stats.mean_accepted_length > 3
     clear_process_tables()
     assert run().stats.accepted_tokens == first.stats.accepted_tokens  # forgotten: as the first time
+    # a drafter built before the clear forgets too (benchmark repeats reuse their drafter instances)
+    clear_process_tables()
+    kept = NGramCacheDrafter(namespace="learn-test")
+    engine = SpeculativeEngine(target, kept)
+    engine.generate_ids(prompt, max_new_tokens=40, num_draft_tokens=6, eos_token_ids=(), draft_length="fixed")
+    clear_process_tables()
+    again = engine.generate_ids(prompt, max_new_tokens=40, num_draft_tokens=6, eos_token_ids=(),
+                                draft_length="fixed")[0]
+    assert again.stats.accepted_tokens == first.stats.accepted_tokens
+
+
+def test_bench_gives_each_learning_method_its_own_memory():
+    from genspec.bench.methods import drafter_options, parse_method, sweep_methods
+
+    a, b = parse_method("ngram-cache"), parse_method("ngram-cache:corpus=x")
+    sweep = sweep_methods(a, [2, 4])
+    namespaces = {drafter_options(m)["namespace"] for m in [a, b] + sweep}
+    assert len(namespaces) == 4
+    assert drafter_options(parse_method("ngram-cache:namespace=mine"))["namespace"] == "mine"
+    assert "namespace" not in drafter_options(parse_method("prompt-lookup"))
 
 
 def test_count_table_leader_and_removal():
@@ -368,6 +390,31 @@ def test_retrieval_index_round_trip_and_longest_match(tmp_path):
     assert chains == [[9, 10], [11, 12]]  # most frequent first token first; no draft across documents
     draft = RetrievalDrafter(loaded).propose([[5, 6, 7, 8, 9]], [4])
     assert draft.tokens[0, :int(draft.lengths[0])].tolist() == [10]  # the document ends there
+
+
+def test_retrieval_with_context_takes_the_longer_match():
+    index = RetrievalIndex.from_documents([[5, 6, 7, 8, 9, 10], [1, 6, 7, 8, 11, 12]])
+    drafter = RetrievalDrafter(index, context=True, num_candidates=2)
+    drafter.begin([[40, 41, 42]], None)
+    # nothing in the datastore; the request saw 41, 42 followed by 43 44: the context drafts
+    tree = drafter.propose([[40, 41, 42, 43, 44, 41, 42]], [2])
+    assert tree.chains[0, 0, :int(tree.lengths[0, 0])].tolist() == [43, 44]
+    assert tree.evidence == [("context", 2)]
+    # datastore suffix 3 (6 7 8) beats the request's 2-gram (7 8 -> 30): datastore candidates first,
+    # then the request's candidate with a new first token
+    tree = drafter.propose([[7, 8, 30, 6, 7, 8]], [2])
+    chains = [tree.chains[0, m, :int(tree.lengths[0, m])].tolist() for m in range(2)]
+    assert sorted(chains) == [[9, 10], [11, 12]] and tree.evidence == [("datastore", 3)]
+    tree = RetrievalDrafter(index, context=True, num_candidates=3).propose([[7, 8, 30, 6, 7, 8]], [2])
+    chains = [tree.chains[0, m, :int(tree.lengths[0, m])].tolist() for m in range(3)]
+    assert sorted(chains[:2]) == [[9, 10], [11, 12]] and chains[2] == [30, 6]
+    # a tie goes to the request; no match anywhere: no draft
+    draft = RetrievalDrafter(index, context=True).propose([[7, 8, 50, 99, 7, 8]], [2])
+    assert draft.tokens[0, :2].tolist() == [50, 99] and draft.evidence == [("context", 2)]
+    draft = RetrievalDrafter(index, context=True).propose([[90, 91]], [3])
+    assert int(draft.lengths[0]) == 0
+    with pytest.raises(ConfigError, match="context must be true or false"):
+        RetrievalDrafter(index, context="yes")
 
 
 @pytest.fixture(scope="module")

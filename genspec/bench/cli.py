@@ -239,7 +239,7 @@ def run_bench(args) -> int:
 def execute(s: dict, prompts, console) -> dict:
     import genspec
     from genspec.bench.hf_baselines import HFDecoder, load_hf_model
-    from genspec.bench.methods import HF_PLAIN, sweep_methods
+    from genspec.bench.methods import HF_PLAIN, drafter_options, sweep_methods
     from genspec.bench.runner import ForwardTimer, GenspecDecoder, encode_all, run_interleaved, warm_up
     from genspec.engine import GenerationConfig
 
@@ -262,10 +262,11 @@ def execute(s: dict, prompts, console) -> dict:
     drafters = {}
 
     def drafter_for(spec):
-        key = (spec.base, json.dumps(spec.to_dict()["options"], sort_keys=True))
-        if key not in drafters:
+        options = drafter_options(spec)
+        key = (spec.base, json.dumps(options, sort_keys=True, default=str))
+        if key not in drafters:  # methods that differ only in engine settings share a drafter
             with console.status(f"building drafter {spec.base}"):
-                drafters[key] = genspec.build_drafter(spec.base, target, **spec.options)
+                drafters[key] = genspec.build_drafter(spec.base, target, **options)
         return drafters[key]
 
     main_specs = list(s["methods"])

@@ -144,6 +144,20 @@ def parse_methods(text: str, draft_model: str | None = None) -> list[MethodSpec]
     return ordered
 
 
+#: drafters that remember other requests' outputs (a per-process table shared by namespace)
+LEARNING_DRAFTERS = ("ngram-cache",)
+
+
+def drafter_options(spec: MethodSpec) -> dict:
+    """The drafter options a benchmark builds ``spec``'s drafter with. A drafter that learns across
+    requests gets a memory of its own (namespace = the method's label), so in one run it learns only
+    from its own earlier requests, never from another method's output for the same prompt."""
+    options = dict(spec.options)
+    if spec.base in LEARNING_DRAFTERS:
+        options.setdefault("namespace", f"genspec-bench:{spec.name}")
+    return options
+
+
 def sweep_methods(base: MethodSpec, ks: list[int]) -> list[MethodSpec]:
     """``base`` at each fixed draft length k (for the tokens/s vs k plot)."""
     if base.kind != "genspec" or base.base == "none":

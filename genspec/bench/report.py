@@ -146,6 +146,8 @@ def write_report(results: dict) -> str:
     rows = summary["rows"]
     default_method = results.get("settings", {}).get("default_method")
     lines = ["# genspec bench", "", f"Run {results.get('created', '')}: `{results.get('command', 'genspec bench')}`", ""]
+    if results.get("note"):  # a remark added to results.json after the run (e.g. runs removed, and why)
+        lines += [f"Note: {results['note']}", ""]
     lines += _machine(results) + [""]
     if results.get("interrupted"):
         lines += ["**Interrupted**: only the prompts finished before the interruption are counted.", ""]

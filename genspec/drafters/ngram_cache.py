@@ -79,6 +79,10 @@ class CountTable:
         entry = self.entries.get(key)
         return None if entry is None else (entry[0], entry[1], entry[2])
 
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -166,9 +170,11 @@ def process_table(namespace: str, min_n: int, max_n: int, max_entries: int) -> C
 
 
 def clear_process_tables() -> None:
-    """Forget what every request so far generated (tests, or to free memory)."""
+    """Forget what every request so far generated (tests, benchmark repeats, or to free memory).
+    Tables are emptied in place: drafters built earlier hold them and must forget too."""
     with _PROCESS_LOCK:
-        _PROCESS_TABLES.clear()
+        for table in _PROCESS_TABLES.values():
+            table.clear()
 
 
 def tokenizer_namespace(target) -> str:

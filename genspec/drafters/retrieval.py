@@ -9,6 +9,10 @@ by one token to the left, and the longest match costs ``O(n log N)`` instead of 
 candidate length. The matches' continuations (up to ``max_matches`` of them) are merged like REST's
 trie: the most frequent first token of each candidate, then the most frequent path after it.
 Several candidates (distinct first tokens) go to the engine as a tree; drafts are deterministic.
+
+With ``context=True`` the drafter also looks in the request itself (prompt lookup over the prompt and
+the generated text) and drafts from whichever source matched the longer suffix (the request on a tie:
+it is the more specific text). A small datastore then adds to prompt lookup instead of replacing it.
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from genspec.drafters.base import Drafter
-from genspec.drafters.prompt_lookup import candidates_draft, candidates_option, check_candidates
+from genspec.drafters.prompt_lookup import (NGramIndex, candidates_draft, candidates_option, check_candidates,
+                                             check_ngram_range, copy_forward)
 from genspec.errors import ConfigError, InputFileError
 from genspec.textfiles import read_utf8_text
 
@@ -320,23 +325,33 @@ class RetrievalDrafter(Drafter):
 
     Options: ``max_suffix`` longest suffix looked up; ``min_suffix`` shortest match worth drafting
     from; ``num_candidates`` continuations with distinct first tokens (a tree when > 1);
-    ``max_matches`` matches whose continuations are counted.
+    ``max_matches`` matches whose continuations are counted; ``context`` also draft from the request's
+    own text (prompt lookup with n-grams of ``min_ngram..max_ngram``), the longer match winning.
+
+    Evidence per row: ``("datastore", matched length)`` or ``("context", matched n)``, so the cost-aware
+    draft length learns the two sources' acceptance apart.
     """
 
     name = "retrieval"
     deterministic = True
 
     def __init__(self, index: RetrievalIndex, num_candidates: int = 1, max_suffix: int = 16, min_suffix: int = 2,
-                 max_matches: int = 64):
+                 max_matches: int = 64, context: bool = False, min_ngram: int = 1, max_ngram: int = 4):
         check_candidates(num_candidates)
         if int(min_suffix) != min_suffix or min_suffix < 1 or max_suffix < min_suffix:
             raise ConfigError(f"retrieval needs integers 1 <= min_suffix <= max_suffix, got {min_suffix}, {max_suffix}")
         if max_matches < 1:
             raise ConfigError(f"max_matches must be >= 1, got {max_matches}")
+        if not isinstance(context, bool):
+            raise ConfigError(f"context must be true or false, got {context!r}")
+        check_ngram_range(min_ngram, max_ngram, "retrieval's context lookup")
         self.index = index
         self.num_candidates = int(num_candidates)
         self.max_suffix, self.min_suffix = int(max_suffix), int(min_suffix)
         self.max_matches = int(max_matches)
+        self.context = context
+        self.min_ngram, self.max_ngram = int(min_ngram), int(max_ngram)
+        self._contexts: list[NGramIndex] = []
 
     @classmethod
     def for_target(cls, target, index: str | RetrievalIndex | None = None, **options) -> "RetrievalDrafter":
@@ -349,14 +364,40 @@ class RetrievalDrafter(Drafter):
         check_index_fits(index, target)
         return cls(index, **candidates_option(options))
 
-    def _row_candidates(self, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
-        """Candidate chains and the evidence: the matched suffix length (0: no draft)."""
+    def begin(self, prompts, sampling, generator=None):
+        super().begin(prompts, sampling, generator)
+        self._contexts = [NGramIndex(self.min_ngram, self.max_ngram) for _ in prompts] if self.context else []
+
+    def _store_candidates(self, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
+        """Datastore chains and the matched suffix length (0: no draft)."""
         length, lo, hi = self.index.longest_suffix_match(sequence, self.max_suffix)
         if length < self.min_suffix:
             return [], 0
         chains = frequent_chains(self.index.continuations(lo, hi, limit, self.max_matches), self.num_candidates)
         return chains, (length if chains else 0)
 
+    def _row_candidates(self, row: int, sequence: list[int], limit: int) -> tuple[list[list[int]], object]:
+        chains, length = self._store_candidates(sequence, limit)
+        if not self.context:
+            return chains, length
+        own = self._contexts[row]
+        own.sync(sequence)
+        starts = own.continuations(self.num_candidates, 64)
+        n = starts[0][1] if starts else 0
+        if n == 0 and length == 0:
+            return [], 0
+        own_chains = [copy_forward(own.tokens, j, limit) for j, _ in starts]
+        first, second = (own_chains, chains) if n >= length else (chains, own_chains)
+        merged, firsts = [], set()
+        for chain in first + second:  # the winner's candidates first, then the other's new first tokens
+            if chain and chain[0] not in firsts:
+                firsts.add(chain[0])
+                merged.append(chain)
+        return merged[:self.num_candidates], (("context", n) if n >= length else ("datastore", length))
+
     def propose(self, sequences, max_tokens):
-        return candidates_draft([self._row_candidates(seq, limit) if limit > 0 else ([], 0)
-                                 for seq, limit in zip(sequences, max_tokens)], self.num_candidates)
+        if self.context and len(self._contexts) != len(sequences):  # used without begin
+            self._contexts = [NGramIndex(self.min_ngram, self.max_ngram) for _ in sequences]
+        return candidates_draft([self._row_candidates(row, seq, limit) if limit > 0 else ([], 0)
+                                 for row, (seq, limit) in enumerate(zip(sequences, max_tokens))],
+                                self.num_candidates)
