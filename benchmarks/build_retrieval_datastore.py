@@ -1,13 +1,13 @@
 """Build a retrieval datastore that is not the benchmark's prompts: the embedded model's own greedy
 answers to *held-out* Spec-Bench prompts (each category's prompts after the first ``--skip``, which
-are the ones `genspec bench --num-prompts N<=skip` measures), plus, optionally, text files given with
-``--extra`` (e.g. Python sources for the coding category).
+are the ones `genspec bench --num-prompts N<=skip` measures). `benchmarks/retrieval_bench.sh` adds
+Python's standard library as a code document and runs the benchmark.
 
 REST-style datastores are usually a large corpus of past model answers (UltraChat for chat) or code
 (The Stack); this is the small local analogue. The answers are generated with prompt lookup (lossless,
 greedy: the same text plain decoding gives).
 
-    python benchmarks/build_retrieval_datastore.py --per-category 6 --max-new-tokens 128 \
+    python benchmarks/build_retrieval_datastore.py --skip 3 --per-category 5 --max-new-tokens 128 \
         --out benchmarks/datastore/spec_bench_heldout.jsonl
     genspec index build benchmarks/datastore/spec_bench_heldout.jsonl --out /tmp/heldout_index
 """
