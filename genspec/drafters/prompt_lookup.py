@@ -176,15 +176,20 @@ class PromptLookupDrafter(Drafter):
         super().begin(prompts, sampling, generator)
         self._indexes = [NGramIndex(self.min_ngram, self.max_ngram) for _ in prompts]
 
-    def _row_candidates(self, index: NGramIndex, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
-        """Candidate chains and the evidence: the n-gram length matched by the first one (0: none)."""
+    def fit_batch(self, batch: int) -> None:
+        """Per-row indexes for ``batch`` rows (when used without :meth:`begin`, or with another batch)."""
+        if len(self._indexes) != batch:
+            self._indexes = [NGramIndex(self.min_ngram, self.max_ngram) for _ in range(batch)]
+
+    def row_candidates(self, row: int, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
+        """Candidate chains of ``row`` and the evidence: the n-gram length matched by the first one (0: none)."""
+        index = self._indexes[row]
         index.sync(sequence)
         starts = index.continuations(self.num_candidates, self.max_scan)
         return [copy_forward(index.tokens, j, limit) for j, _ in starts], (starts[0][1] if starts else 0)
 
     def propose(self, sequences, max_tokens):
-        if len(self._indexes) != len(sequences):  # used without begin (or with another batch)
-            self._indexes = [NGramIndex(self.min_ngram, self.max_ngram) for _ in sequences]
-        return candidates_draft([self._row_candidates(index, seq, limit) if limit > 0 else ([], 0)
-                                 for index, seq, limit in zip(self._indexes, sequences, max_tokens)],
+        self.fit_batch(len(sequences))
+        return candidates_draft([self.row_candidates(row, seq, limit) if limit > 0 else ([], 0)
+                                 for row, (seq, limit) in enumerate(zip(sequences, max_tokens))],
                                 self.num_candidates)

@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from genspec.drafters.base import Drafter
-from genspec.drafters.prompt_lookup import (NGramIndex, candidates_draft, candidates_option, check_candidates,
-                                             check_ngram_range, copy_forward)
+from genspec.drafters.prompt_lookup import PromptLookupDrafter, candidates_draft, candidates_option, check_candidates
 from genspec.errors import ConfigError, InputFileError
 from genspec.textfiles import read_utf8_text
 
@@ -344,14 +343,12 @@ class RetrievalDrafter(Drafter):
             raise ConfigError(f"max_matches must be >= 1, got {max_matches}")
         if not isinstance(context, bool):
             raise ConfigError(f"context must be true or false, got {context!r}")
-        check_ngram_range(min_ngram, max_ngram, "retrieval's context lookup")
+        lookup = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, num_candidates=num_candidates)
         self.index = index
         self.num_candidates = int(num_candidates)
         self.max_suffix, self.min_suffix = int(max_suffix), int(min_suffix)
         self.max_matches = int(max_matches)
-        self.context = context
-        self.min_ngram, self.max_ngram = int(min_ngram), int(max_ngram)
-        self._contexts: list[NGramIndex] = []
+        self._lookup = lookup if context else None  # the request's own text, searched as prompt lookup does
 
     @classmethod
     def for_target(cls, target, index: str | RetrievalIndex | None = None, **options) -> "RetrievalDrafter":
@@ -366,7 +363,8 @@ class RetrievalDrafter(Drafter):
 
     def begin(self, prompts, sampling, generator=None):
         super().begin(prompts, sampling, generator)
-        self._contexts = [NGramIndex(self.min_ngram, self.max_ngram) for _ in prompts] if self.context else []
+        if self._lookup is not None:
+            self._lookup.begin(prompts, sampling, generator)
 
     def _store_candidates(self, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
         """Datastore chains and the matched suffix length (0: no draft)."""
@@ -378,15 +376,11 @@ class RetrievalDrafter(Drafter):
 
     def _row_candidates(self, row: int, sequence: list[int], limit: int) -> tuple[list[list[int]], object]:
         chains, length = self._store_candidates(sequence, limit)
-        if not self.context:
+        if self._lookup is None:
             return chains, length
-        own = self._contexts[row]
-        own.sync(sequence)
-        starts = own.continuations(self.num_candidates, 64)
-        n = starts[0][1] if starts else 0
+        own_chains, n = self._lookup.row_candidates(row, sequence, limit)
         if n == 0 and length == 0:
             return [], 0
-        own_chains = [copy_forward(own.tokens, j, limit) for j, _ in starts]
         first, second = (own_chains, chains) if n >= length else (chains, own_chains)
         merged, firsts = [], set()
         for chain in first + second:  # the winner's candidates first, then the other's new first tokens
@@ -396,8 +390,8 @@ class RetrievalDrafter(Drafter):
         return merged[:self.num_candidates], (("context", n) if n >= length else ("datastore", length))
 
     def propose(self, sequences, max_tokens):
-        if self.context and len(self._contexts) != len(sequences):  # used without begin
-            self._contexts = [NGramIndex(self.min_ngram, self.max_ngram) for _ in sequences]
+        if self._lookup is not None:
+            self._lookup.fit_batch(len(sequences))
         return candidates_draft([self._row_candidates(row, seq, limit) if limit > 0 else ([], 0)
                                  for row, (seq, limit) in enumerate(zip(sequences, max_tokens))],
                                 self.num_candidates)
