@@ -14,12 +14,12 @@ from tiny_models import byte_tokenizer, exact_joint, peaked, save_tiny_model, ti
 
 import genspec
 from genspec.cli import main
+from genspec.datastore import SEPARATOR, RetrievalIndex, suffix_array, suffix_array_doubling
 from genspec.drafters.edit import EditDrafter
 from genspec.drafters.lookahead import LookaheadDrafter
 from genspec.drafters.ngram_cache import CountTable, NGramCacheDrafter, StaticTable, clear_process_tables
 from genspec.drafters.prompt_lookup import NGramIndex, PromptLookupDrafter
-from genspec.drafters.retrieval import (SEPARATOR, RetrievalDrafter, RetrievalIndex, suffix_array,
-                                        suffix_array_doubling)
+from genspec.drafters.retrieval import RetrievalDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM

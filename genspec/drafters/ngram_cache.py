@@ -194,7 +194,7 @@ def static_table(corpus: str | Path, tokenizer, min_n: int, max_n: int, namespac
         raise InputFileError(f"n-gram cache corpus not found: {corpus}") from exc
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, namespace, min_n, max_n)
     if key not in _STATIC_TABLES:
-        from genspec.drafters.retrieval import SEPARATOR, corpus_tokens
+        from genspec.datastore import SEPARATOR, corpus_tokens
 
         _STATIC_TABLES[key] = StaticTable(corpus_tokens(path, tokenizer), min_n, max_n, SEPARATOR)
     return _STATIC_TABLES[key]

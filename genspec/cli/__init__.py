@@ -12,12 +12,12 @@ import sys
 
 # subcommand modules, in the order ``genspec --help`` lists them
 _SUBCOMMANDS = [
-    "genspec.theory.cli",
-    "genspec.generate_cli",
-    "genspec.index_cli",
-    "genspec.calibrate",
+    "genspec.cli.theory",
+    "genspec.cli.generate",
+    "genspec.cli.demo",
+    "genspec.cli.index",
+    "genspec.cli.calibrate",
     "genspec.bench.cli",
-    "genspec.serve.cli",
 ]
 
 
@@ -34,13 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"genspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in _SUBCOMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):  # not part of this build
-                continue
-            raise
-        module.add_parser(sub)
+        importlib.import_module(name).add_parser(sub)
     return parser
 
 
@@ -61,6 +55,3 @@ def main(argv: list[str] | None = None) -> int:
         print("genspec: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,8 +2,8 @@
 
 CORPUS is a UTF-8 text file, a ``.jsonl`` file (a ``"text"`` field per line), or a directory of
 ``.txt`` / ``.jsonl`` files. It is tokenised with the model's tokenizer (default: the embedded
-model's) and saved with the suffix array that the drafter searches (see
-:mod:`genspec.drafters.retrieval`). Use it with ``genspec generate --drafter retrieval -O index=DIR``.
+model's) and saved with the suffix array that the drafter searches (see :mod:`genspec.datastore`
+and :mod:`genspec.drafters.retrieval`). Use it with ``genspec generate --drafter retrieval -O index=DIR``.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def load_tokenizer(model: str | None):
 
 
 def run_build(args) -> int:
-    from genspec.drafters.retrieval import RetrievalIndex, read_corpus, tokenizer_fingerprint, tokenize_documents
+    from genspec.datastore import RetrievalIndex, read_corpus, tokenizer_fingerprint, tokenize_documents
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
