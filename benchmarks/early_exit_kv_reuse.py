@@ -33,11 +33,9 @@ def main() -> None:
         plain_time, plain = run(engine, ids)
         print(f"plain {plain_time:.2f} s")
         for exit_layer in (4, 8):
-            drafter = DraftModelDrafter(variants.early_exit(target, exit_layer))
-            speculative = SpeculativeEngine(target, drafter)
+            model = variants.early_exit(target, exit_layer)
             for reuse in (True, False):
-                if not reuse:
-                    drafter.verify_prefix = lambda *args: None
+                speculative = SpeculativeEngine(target, DraftModelDrafter(model, reuse_layers=reuse))
                 seconds, result = run(speculative, ids, num_draft_tokens=4, draft_length="fixed")
                 assert result.token_ids == plain.token_ids
                 stats = result.stats

@@ -24,27 +24,17 @@ def main() -> None:
     args = parser.parse_args()
 
     engine = genspec.load(drafter="prompt-lookup")
-    drafter, stats = engine.drafter, collections.defaultdict(lambda: [0, 0, 0])  # n -> drafts, accepted, hits
-    propose, feedback = drafter.propose, drafter.feedback
-    last = {}
-
-    def recording_propose(sequences, max_tokens):
-        draft = propose(sequences, max_tokens)
-        last["n"] = draft.evidence[0]
-        return draft
-
-    def recording_feedback(accepted):
-        if last.get("n"):
-            entry = stats[last["n"]]
-            entry[0] += 1
-            entry[1] += accepted[0]
-            entry[2] += int(accepted[0] > 0)
-        feedback(accepted)
-
-    drafter.propose, drafter.feedback = recording_propose, recording_feedback
+    stats = collections.defaultdict(lambda: [0, 0, 0])  # n -> drafts, accepted, hits
     for prompt in load_spec_bench(args.categories.split(","), args.num_prompts):
-        engine.generate_ids([encode_prompt(prompt.text, engine.tokenizer)], max_new_tokens=args.max_new_tokens,
-                            draft_length="fixed", num_draft_tokens=8)
+        engine.add_request(encode_prompt(prompt.text, engine.tokenizer), max_new_tokens=args.max_new_tokens,
+                           draft_length="fixed", num_draft_tokens=8)
+        while engine.has_unfinished():  # each step's record says what was drafted, on what evidence, kept
+            for step in engine.step().requests.values():
+                if step.evidence and step.drafted:
+                    entry = stats[step.evidence]
+                    entry[0] += 1
+                    entry[1] += step.accepted
+                    entry[2] += int(step.accepted > 0)
     for n, (drafts, accepted, hits) in sorted(stats.items()):
         print(f"n = {n}: {drafts} drafts, mean accepted {accepted / drafts:.2f}, first token right {hits / drafts:.2f}")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from genspec.draft_length import expected_tokens
 from genspec.errors import ConfigError, InputFileError
+from genspec.theory.leviathan import expected_tokens_per_call
 
 CALIBRATION_PROMPTS = [
     "Summarize: The council approved the new budget for the library, which adds a children's room and a cafe.",
@@ -67,7 +67,7 @@ def step_time(model, context: list[int], width: int = 1, repeats: int = 5) -> fl
 
 
 def predicted_speedup(alpha: float, k: int, t_plain: float, t_draft: float, t_verify: float) -> float:
-    return expected_tokens(alpha, k) * t_plain / (k * t_draft + t_verify)
+    return expected_tokens_per_call(alpha, k) * t_plain / (k * t_draft + t_verify)
 
 
 # ---------------------------------------------------------------- self-speculation search

@@ -31,17 +31,11 @@ first step of a request drafts a couple of tokens, not k_max blind.
 from __future__ import annotations
 
 from genspec.errors import ConfigError
+from genspec.theory.leviathan import expected_tokens_per_call
 
 POLICIES = ("fixed", "heuristic", "cost")
 #: how much faster than plain decoding the cost policy's estimate must be before it drafts at all
 MARGIN = 1.1
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Expected tokens emitted by a target call that verifies k drafts with i.i.d. acceptance alpha."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 class CostModel:
@@ -109,34 +103,37 @@ class Acceptance:
                 self.later = [d * self.later[0] + accepted - 1, d * self.later[1] + tested]
 
     def expected_tokens(self, k: int) -> float:
-        later = min(self.rate_later, 0.999)
-        return 1.0 + self.rate_first * (1.0 - later ** k) / (1.0 - later)
+        """Leviathan's expected tokens per target call with these two rates (the theory's formula)."""
+        return expected_tokens_per_call(self.rate_later, k, first_alpha=self.rate_first)
 
 
 class DraftLength:
-    """Per-row draft-length policy. ``limit(row, evidence)`` before verifying, ``update(...)`` after."""
+    """One request's draft-length policy: ``limit(evidence)`` before verifying, ``update(...)`` after.
 
-    def __init__(self, policy: str, k_max: int, batch: int, cost_model: CostModel | None = None,
+    ``costs`` is the :class:`CostModel` of the request's drafter, shared with the other requests that
+    use it (verify and draft costs are the machine's, acceptance is the request's own)."""
+
+    def __init__(self, policy: str, k_max: int, cost_model: CostModel | None = None,
                  prior_alpha: float = 0.5, prior_later: float = 0.6, prior_weight: float = 2.0,
                  decay: float = 0.9):
         if policy not in POLICIES:
             raise ConfigError(f"unknown draft length policy {policy!r}; choose from: {', '.join(POLICIES)}")
         self.policy = policy
         self.k_max = k_max
-        self.current = [k_max] * batch
+        self.current = k_max
         self.costs = cost_model or CostModel()
         self._prior = (prior_alpha, prior_later, prior_weight, decay)
-        self.acceptance: list[dict[object, Acceptance]] = [{} for _ in range(batch)]
+        self.acceptance: dict[object, Acceptance] = {}
         # a drafter switched off is probed with one token now and then, less often each time it fails
-        self.idle_steps = [0] * batch
-        self.probe_every = [8] * batch
+        self.idle_steps = 0
+        self.probe_every = 8
 
-    def estimate(self, row: int, evidence=None) -> Acceptance:
-        """The acceptance counts of ``row`` for proposals backed by ``evidence`` (None: no evidence).
-        A level seen for the first time starts from the global prior, or from the row's pooled rates
-        over the levels seen so far where those are lower (a weak prior: ``prior_weight``
-        pseudo-counts): pessimism is shared, optimism is not."""
-        table = self.acceptance[row]
+    def estimate(self, evidence=None) -> Acceptance:
+        """The acceptance counts for proposals backed by ``evidence`` (None: no evidence). A level seen
+        for the first time starts from the global prior, or from the pooled rates over the levels seen
+        so far where those are lower (a weak prior: ``prior_weight`` pseudo-counts): pessimism is
+        shared, optimism is not."""
+        table = self.acceptance
         if evidence not in table:
             prior_first, prior_later, weight, decay = self._prior
             if table:
@@ -146,30 +143,30 @@ class DraftLength:
             table[evidence] = Acceptance(prior_first, prior_later, weight, decay)
         return table[evidence]
 
-    def limit(self, row: int, evidence=None, probe: bool = True) -> int:
-        """Tokens to draft (cost policy: 0 switches speculation off; with ``probe`` a switched-off row
+    def limit(self, evidence=None, probe: bool = True) -> int:
+        """Tokens to draft (cost policy: 0 switches speculation off; with ``probe`` a switched-off request
         drafts one token now and then to re-estimate; a free drafter needs no probes, it is scored
         on its unverified proposals)."""
         if self.policy != "cost":
-            return self.current[row]
-        best = self.best_k(row, evidence)
+            return self.current
+        best = self.best_k(evidence)
         if best > 0:
-            self.idle_steps[row], self.probe_every[row] = 0, 8
+            self.idle_steps, self.probe_every = 0, 8
             return best
         if not probe:
             return 0
-        self.idle_steps[row] += 1
-        if self.idle_steps[row] >= self.probe_every[row]:  # probe: one draft token, to re-estimate
-            self.idle_steps[row] = 0
-            self.probe_every[row] = min(2 * self.probe_every[row], 256)
+        self.idle_steps += 1
+        if self.idle_steps >= self.probe_every:  # probe: one draft token, to re-estimate
+            self.idle_steps = 0
+            self.probe_every = min(2 * self.probe_every, 256)
             return 1
         return 0
 
-    def best_k(self, row: int, evidence=None) -> int:
+    def best_k(self, evidence=None) -> int:
         """The k with the highest predicted tokens per plain-step time (0 unless it beats MARGIN)."""
         step = self.costs.verify_cost(1)
         draft = (self.costs.draft_per_token or 0.0) / step if step else 0.0
-        estimate = self.estimate(row, evidence)
+        estimate = self.estimate(evidence)
         best_k, best_rate = 0, MARGIN
         for k in range(1, self.k_max + 1):
             rate = estimate.expected_tokens(k) / (self.costs.relative(k + 1) + k * draft)
@@ -177,20 +174,20 @@ class DraftLength:
                 best_k, best_rate = k, rate
         return best_k
 
-    def update(self, row: int, drafted: int, accepted: int, evidence=None) -> None:
+    def update(self, drafted: int, accepted: int, evidence=None) -> None:
         """Record a verified draft of ``drafted`` tokens of which ``accepted`` were kept."""
         if drafted <= 0:
             return
-        self.estimate(row, evidence).record(drafted, accepted)
+        self.estimate(evidence).record(drafted, accepted)
         if self.policy == "heuristic":
             step = 2 if accepted == drafted else -1
-            self.current[row] = max(1, min(self.k_max, self.current[row] + step))
+            self.current = max(1, min(self.k_max, self.current + step))
 
-    def shadow(self, row: int, proposal: list[int], emitted: list[int], evidence=None) -> None:
+    def shadow(self, proposal: list[int], emitted: list[int], evidence=None) -> None:
         """Score a free proposal that was not verified against what the target emitted instead."""
         if proposal and emitted:
-            self.estimate(row, evidence).record(1, int(proposal[0] == emitted[0]))
+            self.estimate(evidence).record(1, int(proposal[0] == emitted[0]))
 
     def __repr__(self) -> str:
-        rates = [{e: round(a.rate_first, 2) for e, a in table.items()} for table in self.acceptance]
+        rates = {e: round(a.rate_first, 2) for e, a in self.acceptance.items()}
         return f"DraftLength({self.policy}, k_max={self.k_max}, first-token acceptance={rates})"

@@ -1,30 +1,47 @@
 """The decode loop: draft -> verify in one target pass -> accept -> roll back -> emit.
 
-Every step feeds the target one block per row, ``[last token, draft_1 .. draft_k]``; the logits at
-block position i are the target's law for the token after draft_i, so one pass verifies every draft
-and yields the bonus token. Plain decoding is the same loop with no drafter (k = 0), so baseline and
-speculation share one code path and one numerics.
+Requests join and leave between steps (continuous batching): :meth:`SpeculativeEngine.add_request`
+queues one, :meth:`SpeculativeEngine.step` admits the queued ones (their prefill runs then; the other
+rows keep their caches), runs one speculative step for every running request and returns a
+:class:`StepRecord`; a request leaves when it finishes or is cancelled. ``generate``, ``generate_ids``
+and ``stream`` are loops over these.
+
+Every step feeds the target one block per row, ``[last token, draft tokens...]`` (a chain, or a token
+tree); the logits at a block node are the target's law for the token after it, so one pass verifies
+every draft and yields the bonus token. Plain decoding is the same loop with an empty draft, so
+baseline and speculation share one code path and one numerics. Each request has its own sampling
+settings, drafter (among those the engine holds, or none), draft-length policy, random streams and
+statistics.
 """
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from genspec.acceptance import RESIDUALS, verify_chain, verify_greedy, verify_multidraft
-from genspec.draft_length import POLICIES, DraftLength
-from genspec.drafters.base import Draft, Drafter, TreeDraft
+from genspec.acceptance import RESIDUALS, Verdict, verify
+from genspec.draft_length import POLICIES, CostModel, DraftLength
+from genspec.drafters.base import Draft, DraftBlock, Drafter, DraftRequest, RequestContext
 from genspec.errors import ConfigError, ContextLengthError
 from genspec.models.base import CausalLM
-from genspec.sampling import SamplingConfig, apply_repetition_penalty, block_seen_mask, process_logits, seen_mask
+from genspec.randomness import RequestRandomness
+from genspec.sampling import SamplingConfig, block_seen_mask, seen_mask
+
+NO_DRAFTER = "none"
 
 
 @dataclass
 class GenerationConfig:
     """What to generate. ``temperature == 0`` is greedy. ``epsilon > 0`` switches to the lossy
-    over-acceptance rule b = min{1, (q + eps)/p} with the ``residual`` ("opt" or "uno")."""
+    over-acceptance rule b = min{1, (q + eps)/p} with the ``residual`` ("opt" or "uno").
+
+    ``drafter`` names one of the engine's drafters (None: the engine's default; ``"none"``: no
+    speculation); ``drafter_options`` are per-request options that drafter accepts (its
+    ``request_options``, e.g. the edit drafter's ``source``).
+    """
 
     max_new_tokens: int = 64
     num_draft_tokens: int = 8
@@ -38,6 +55,8 @@ class GenerationConfig:
     epsilon: float = 0.0
     residual: str = "opt"
     draft_length: str = "cost"
+    drafter: str | None = None
+    drafter_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
@@ -73,14 +92,16 @@ class RequestStats:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """One target call that verified ``drafted`` draft tokens (``depth`` positions deep; a chain's
+        depth is its length) and kept ``accepted``."""
+        depth = drafted if depth is None else depth
         self.target_calls += 1
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
-        for histogram, index in ((self.accepted_length_histogram, accepted),):
-            histogram.extend([0] * (index + 1 - len(histogram)))
-            histogram[index] += 1
-        for counts, upto in ((self.drafted_per_position, drafted), (self.accepted_per_position, accepted)):
+        self.accepted_length_histogram.extend([0] * (accepted + 1 - len(self.accepted_length_histogram)))
+        self.accepted_length_histogram[accepted] += 1
+        for counts, upto in ((self.drafted_per_position, depth), (self.accepted_per_position, accepted)):
             counts.extend([0] * (upto - len(counts)))
             for i in range(upto):
                 counts[i] += 1
@@ -120,40 +141,204 @@ class RequestStats:
 class RequestResult:
     token_ids: list[int]
     stats: RequestStats
-    finish_reason: str  # "length", "eos" or "stop"
+    finish_reason: str  # "length", "eos", "stop" or "cancelled"
     text: str | None = None
 
 
-class _Row:
-    """Book-keeping of one sequence in the batch."""
+@dataclass
+class RequestStep:
+    """What one step did for one request. ``new_tokens[:accepted]`` are accepted draft tokens, the
+    token after them (if kept) the target's own; ``accepted_per_position`` says, per draft depth,
+    whether that position was accepted. ``finish_reason`` is None while the request runs. ``stats``
+    are the request's running totals (final once it finished)."""
 
-    def __init__(self, prompt: list[int]):
+    new_tokens: list[int]
+    drafted: int
+    accepted: int
+    accepted_per_position: list[bool]
+    finish_reason: str | None
+    stats: RequestStats
+    evidence: object = None
+
+
+@dataclass
+class StepRecord:
+    """One :meth:`SpeculativeEngine.step`: per request its :class:`RequestStep`, and the step's times.
+
+    ``prefill_time_s``: joining requests' prefills; ``draft_time_s``: the drafters' ``propose`` calls;
+    ``target_time_s``: the target's pass over the verify block (``block_width`` tokens per row,
+    ``batch_size`` rows); ``verify_time_s``: that pass plus the acceptance rule; ``outside_model_time_s``:
+    the step's time outside model forward passes (engine bookkeeping, model-free drafting);
+    ``total_time_s``: the whole step.
+    """
+
+    requests: dict[int, RequestStep] = field(default_factory=dict)
+    batch_size: int = 0
+    block_width: int = 0
+    joined: list[int] = field(default_factory=list)
+    prefill_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    draft_model_time_s: float = 0.0
+    target_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    outside_model_time_s: float = 0.0
+    total_time_s: float = 0.0
+
+
+class _Request:
+    """Book-keeping of one request."""
+
+    def __init__(self, request_id: int, prompt: list[int], config: GenerationConfig, drafter: Drafter | None,
+                 drafter_name: str, costs: CostModel | None, eos: set[int], sample_index: int):
+        self.id = request_id
         self.prompt = list(prompt)
+        self.config = config
+        self.sampling = config.sampling
+        self.drafter = drafter
+        self.drafter_name = drafter_name
+        self.policy = DraftLength(config.draft_length, config.num_draft_tokens, costs) if drafter else None
+        self.random = RequestRandomness(config.seed, sample_index, drafter.max_candidates if drafter else 1)
+        self.eos = eos
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self.stats = RequestStats()
+        self.started_at = 0.0
 
     @property
     def sequence(self) -> list[int]:
         return self.prompt + self.generated
 
+    @property
+    def group(self) -> tuple:
+        """Rows verified together: one drafter, and lossless rows apart from each lossy resampling law."""
+        return self.drafter_name, (self.config.residual if self.config.epsilon > 0 else None)
+
+
+@dataclass
+class _Group:
+    """The running requests of one drafter in one step, their draft and what the target said of it."""
+
+    rows: list[int]  # indices into the running batch
+    requests: list[_Request]
+    draft: Draft
+    evidence: list
+    shadows: list[list[int]]
+    block: DraftBlock | None = None
+    verdict: Verdict | None = None
+
 
 class SpeculativeEngine:
-    """Generates with ``target``, drafting with ``drafter`` (None = plain decoding)."""
+    """Generates with ``target``, drafting with ``drafter`` (None = plain decoding).
 
-    def __init__(self, target: CausalLM, drafter: Drafter | None = None, tokenizer=None):
+    ``drafters`` adds more drafters by name (a request picks one with ``GenerationConfig.drafter``);
+    ``drafter``, if given, is the default and is also reachable under its ``name``.
+    ``max_batch_size`` caps the running batch (None: everything queued runs at once).
+    """
+
+    def __init__(self, target: CausalLM, drafter: Drafter | None = None, tokenizer=None, *,
+                 drafters: Mapping[str, Drafter] | None = None, max_batch_size: int | None = None):
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.target = target
+        self.tokenizer = tokenizer if tokenizer is not None else target.tokenizer
+        self.drafters: dict[str, Drafter] = dict(drafters or {})
+        if NO_DRAFTER in self.drafters:
+            raise ConfigError(f"{NO_DRAFTER!r} means no speculation; it cannot name a drafter")
+        self.default_drafter = NO_DRAFTER
+        if drafter is not None:
+            self.drafters.setdefault(drafter.name, drafter)
+            self.default_drafter = next(name for name, d in self.drafters.items() if d is drafter)
         self.drafter = drafter
-        self.tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
+        self.max_batch_size = max_batch_size
+        self.costs = {name: CostModel() for name in self.drafters}
+        self._waiting: list[_Request] = []
+        self._running: list[_Request] = []  # in the target's row order
+        self._cancelled: list[_Request] = []
+        self._ids = itertools.count()
+        self.target.reset(0)
 
-    # ------------------------------------------------------------------ public API
+    # ------------------------------------------------------------------ the step API
+    def add_request(self, prompt_ids: list[int], config: GenerationConfig | None = None, *,
+                    sample_index: int = 0, **overrides) -> int:
+        """Queue a request; it joins the batch at the next :meth:`step`. ``sample_index`` picks one of
+        the independent random streams of the config's seed (sample i of a seeded ``n``-sample call)."""
+        config = _config(config, overrides)
+        name = config.drafter if config.drafter is not None else self.default_drafter
+        if name != NO_DRAFTER and name not in self.drafters:
+            raise ConfigError(f"unknown drafter {name!r} for this engine; it holds: "
+                              f"{', '.join([NO_DRAFTER, *self.drafters])}")
+        drafter = self.drafters.get(name)
+        unknown = set(config.drafter_options) - set(drafter.request_options if drafter else ())
+        if unknown:
+            raise ConfigError(f"drafter {name!r} takes no per-request option(s) {', '.join(sorted(unknown))}")
+        self._check_prompt(prompt_ids)
+        eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
+        request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs.get(name), eos, sample_index)
+        self._waiting.append(request)
+        return request.id
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a request now: it leaves the batch (its cache row is freed) and the next
+        :class:`StepRecord` reports it with ``finish_reason == "cancelled"``. Unknown ids are ignored."""
+        for queue in (self._waiting, self._running):
+            for request in queue:
+                if request.id == request_id and request.finish_reason is None:
+                    request.finish_reason = "cancelled"
+                    self._cancelled.append(request)
+        self._release([r for r in self._running if r.finish_reason == "cancelled"])
+        self._waiting = [r for r in self._waiting if r.finish_reason is None]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running or self._cancelled)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def step(self) -> StepRecord:
+        """Admit queued requests, then draft, verify, accept, roll back and emit for every running one."""
+        started = time.perf_counter()
+        record = StepRecord()
+        for request in self._cancelled:
+            record.requests[request.id] = RequestStep([], 0, 0, [], "cancelled", request.stats)
+        self._cancelled = []
+        self._admit(record)
+        if self._running:
+            groups = self._draft(record)
+            self._verify(groups, record)
+            self._commit(groups)
+            self._emit(groups, record)
+            self._release([r for r in self._running if r.finish_reason is not None])
+        record.total_time_s = time.perf_counter() - started
+        record.outside_model_time_s = (record.total_time_s - record.prefill_time_s - record.target_time_s
+                                       - record.draft_model_time_s)
+        return record
+
+    # ------------------------------------------------------------------ thin loops over the step API
     def generate_ids(self, prompts: list[list[int]], config: GenerationConfig | None = None,
                      **overrides) -> list[RequestResult]:
-        """Generate for a batch of token-id prompts; returns one result per prompt."""
-        rows = None
-        for rows, _ in self._steps(prompts, _config(config, overrides)):
-            pass
-        return [self._result(row) for row in rows]
+        """Generate for a batch of token-id prompts; returns one result per prompt. With a seed, prompt i
+        uses the seed's i-th random stream."""
+        config = _config(config, overrides)
+        if not prompts:
+            raise ConfigError("no prompts given")
+        for prompt in prompts:
+            self._check_prompt(prompt)
+        ids = [self.add_request(p, config, sample_index=i) for i, p in enumerate(prompts)]
+        tokens: dict[int, list[int]] = {i: [] for i in ids}
+        finished: dict[int, RequestStep] = {}
+        while any(i not in finished for i in ids):
+            for request_id, step in self.step().requests.items():
+                if request_id in tokens:
+                    tokens[request_id].extend(step.new_tokens)
+                    if step.finish_reason is not None:
+                        finished[request_id] = step
+        return [RequestResult(tokens[i], finished[i].stats, finished[i].finish_reason,
+                              self._decode(tokens[i]) if self.tokenizer is not None else None) for i in ids]
 
     def generate(self, prompts: str | list[str], config: GenerationConfig | None = None,
                  **overrides) -> list[RequestResult]:
@@ -162,291 +347,223 @@ class SpeculativeEngine:
 
     def stream(self, prompt: str, config: GenerationConfig | None = None, **overrides) -> Iterator[str]:
         """Yield the text of one request in chunks, as tokens are accepted."""
-        shown, text = "", ""
-        for rows, _ in self._steps(self._encode([prompt]), _config(config, overrides)):
-            text = self._decode(rows[0])
-            if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-                continue
-            if len(text) > len(shown):
-                yield text[len(shown):]
-                shown = text
-        if len(text) > len(shown):  # the end: whatever was held back
-            yield text[len(shown):]
-
-    # ------------------------------------------------------------------ the loop
-    def _steps(self, prompts: list[list[int]], config: GenerationConfig):
-        """Run the decode loop; yields ``(rows, new_tokens_per_row)`` after every target call."""
-        rows = [_Row(p) for p in prompts]
-        self._check_prompts(rows, config)
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(config.seed if config.seed is not None else int(torch.seed() % (2 ** 63)))
-        sampling = config.sampling
-        eos = set(config.eos_token_ids if config.eos_token_ids is not None else self._default_eos())
-        started = time.perf_counter()
-        self._prefill(rows)
-        if self.drafter is not None:
-            self.drafter.begin([r.prompt for r in rows], sampling, generator)
-        lengths = DraftLength(config.draft_length, config.num_draft_tokens, len(rows))
-        free_drafts = self.drafter is not None and getattr(self.drafter, "deterministic", False)
-        while True:
-            active = [r.finish_reason is None for r in rows]
-            if not any(active):
-                break
-            room = [max(0, min(config.max_new_tokens - len(r.generated) - 1, self._context_room(r) - 1))
-                    if on else 0 for r, on in zip(rows, active)]
-            tick = time.perf_counter()
-            sequences = [r.sequence for r in rows]
-            if free_drafts:  # a free drafter proposes first, so the policy can weigh its evidence
-                asked = room
-                draft = self._draft(sequences, asked)
-                evidence = self._evidence(draft, len(rows))
-                proposed = self._proposed(draft, len(rows))
-                wanted = [min(lengths.limit(i, evidence[i], probe=False), room[i]) if proposed[i] else 0
-                          for i in range(len(rows))]
-            else:
-                wanted = asked = [min(lengths.limit(i), room[i]) for i in range(len(rows))]
-                draft = self._draft(sequences, asked)
-                evidence = [None] * len(rows)  # drafted before the policy could weigh evidence
-            drafted_at = time.perf_counter()
-            shadows = self._clip(draft, wanted)
-            new_tokens, accepted, drafted = self._verify(rows, active, draft, config, generator)
-            verified_at = time.perf_counter()
-            lengths.costs.observe_verify(1 + max(drafted), verified_at - drafted_at)
-            lengths.costs.observe_draft(sum(asked), drafted_at - tick)
-            if self.drafter is not None and draft is not None:
-                self.drafter.feedback(accepted)
-            for i, (row, on, tokens, acc, dr) in enumerate(zip(rows, active, new_tokens, accepted, drafted)):
-                if not on:
+        request_id = self.add_request(self._encode(prompt)[0], config, **overrides)
+        tokens, shown, done = [], "", False
+        try:
+            while not done:
+                step = self.step().requests.get(request_id)
+                if step is None:
                     continue
-                lengths.update(i, dr, acc, evidence[i])
-                lengths.shadow(i, shadows[i], tokens, evidence[i])
-                row.stats.record(dr, acc)
-                row.stats.draft_time_s += drafted_at - tick
-                row.stats.verify_time_s += verified_at - drafted_at
-                self._emit(row, tokens, config, eos)
-                row.stats.total_time_s = time.perf_counter() - started
-            yield rows, new_tokens
+                tokens += step.new_tokens
+                done = step.finish_reason is not None
+                text = self._decode(tokens)
+                if text.endswith("\ufffd") and not done:  # an incomplete multi-byte character: wait for the rest
+                    continue
+                if len(text) > len(shown):
+                    yield text[len(shown):]
+                    shown = text
+        finally:
+            if not done:  # the caller stopped reading: free the request's row
+                self.cancel(request_id)
 
-    @staticmethod
-    def _evidence(draft, batch: int) -> list:
-        evidence = getattr(draft, "evidence", None)
-        return list(evidence) if evidence is not None else [None] * batch
-
-    @staticmethod
-    def _proposed(draft, batch: int) -> list[bool]:
-        if draft is None:
-            return [False] * batch
-        lengths = draft.lengths if isinstance(draft, Draft) else draft.lengths.amax(dim=1)
-        return (lengths > 0).tolist()
-
-    @staticmethod
-    def _clip(draft, wanted: list[int]) -> list[list[int]]:
-        """Cut drafts to the wanted lengths; return per row the (first) chain cut off where nothing
-        was wanted, to be scored against what the target emitted instead."""
-        shadows = [[] for _ in wanted]
-        if draft is None:
-            return shadows
-        chain = draft.tokens if isinstance(draft, Draft) else draft.chains[:, 0]
-        chain_lengths = draft.lengths if isinstance(draft, Draft) else draft.lengths[:, 0]
-        for i, w in enumerate(wanted):
-            if w == 0 and int(chain_lengths[i]) > 0:
-                shadows[i] = chain[i, :int(chain_lengths[i])].tolist()
-        limit = torch.tensor(wanted, dtype=torch.long)
-        draft.lengths = torch.minimum(draft.lengths, limit if isinstance(draft, Draft) else limit.unsqueeze(1))
-        return shadows
-
-    def _prefill(self, rows: list[_Row]) -> None:
-        """Put every prompt token but the last in the target's cache (the last starts the first block)."""
-        self.target.reset(len(rows))
-        width = max(len(r.prompt) for r in rows) - 1
-        if width <= 0:
+    # ------------------------------------------------------------------ the step's parts
+    def _admit(self, record: StepRecord) -> None:
+        """Move queued requests into the batch: prefill every prompt token but the last (the last starts
+        the first verify block) in new target rows, and start them in their drafters."""
+        room = len(self._waiting) if self.max_batch_size is None else self.max_batch_size - len(self._running)
+        joining, self._waiting = self._waiting[:max(room, 0)], self._waiting[max(room, 0):]
+        if not joining:
             return
-        tokens = torch.zeros(len(rows), width, dtype=torch.long)
-        valid = torch.zeros(len(rows), width, dtype=torch.bool)
-        for i, row in enumerate(rows):
-            tokens[i, :len(row.prompt) - 1] = torch.tensor(row.prompt[:-1])
-            valid[i, :len(row.prompt) - 1] = True
-        self.target.forward(tokens, valid, last_only=True)
-        self.target.commit_all(valid)
+        started = time.perf_counter()
+        self.target.add_rows([r.prompt[:-1] for r in joining])
+        for drafter, requests in _by_drafter(joining):
+            drafter.start([RequestContext(r.id, list(r.prompt), r.sampling, r.random.draft_generator,
+                                          dict(r.config.drafter_options)) for r in requests])
+        for request in joining:
+            request.started_at = started
+        self._running += joining
+        record.joined = [r.id for r in joining]
+        record.prefill_time_s = time.perf_counter() - started
 
-    def _draft(self, sequences, max_tokens):
-        if self.drafter is None or not any(max_tokens):
-            return None
-        return self.drafter.propose(sequences, max_tokens)
+    def _draft(self, record: StepRecord) -> list[_Group]:
+        """Per drafter, the running requests' drafts, cut to what the draft-length policy wants."""
+        by_group: dict[tuple, list[int]] = {}
+        for row, request in enumerate(self._running):
+            by_group.setdefault(request.group, []).append(row)
+        groups = []
+        for rows in by_group.values():
+            requests = [self._running[row] for row in rows]
+            drafter = requests[0].drafter
+            room = [self._room(r) for r in requests]
+            started = time.perf_counter()
+            shadows = [[] for _ in requests]
+            if drafter is None:
+                draft, evidence = Draft.empty(len(requests)), [None] * len(requests)
+            elif drafter.free:  # proposes first, so that the policy can weigh its evidence
+                draft = drafter.propose([DraftRequest(r.id, r.sequence, n) for r, n in zip(requests, room)])
+                evidence = [draft.evidence_of(i) for i in range(len(requests))]
+                proposed = draft.proposed()
+                wanted = [min(r.policy.limit(evidence[i], probe=False), room[i]) if proposed[i] else 0
+                          for i, r in enumerate(requests)]
+                shadows = [draft.first_chain(i) if proposed[i] and not wanted[i] else [] for i in range(len(requests))]
+                draft = draft.clipped(wanted)
+            else:
+                wanted = [min(r.policy.limit(), n) for r, n in zip(requests, room)]
+                draft = (drafter.propose([DraftRequest(r.id, r.sequence, n) for r, n in zip(requests, wanted)])
+                         if any(wanted) else Draft.empty(len(requests)))
+                evidence = [None] * len(requests)  # drafted before the policy could weigh evidence
+            seconds = time.perf_counter() - started
+            if drafter is not None:
+                self.costs[requests[0].drafter_name].observe_draft(sum(room if drafter.free else wanted), seconds)
+                if not drafter.free:
+                    record.draft_model_time_s += seconds
+            record.draft_time_s += seconds
+            groups.append(_Group(rows, requests, draft, evidence, shadows))
+        return groups
 
-    def _verify(self, rows, active, draft, config, generator):
-        """One target pass over [last token, drafts]; returns per row the emitted tokens, the number of
-        accepted draft tokens and the number of drafted tokens."""
-        if isinstance(draft, TreeDraft):
-            return self._verify_tree(rows, active, draft, config, generator)
-        batch = len(rows)
-        if draft is None:
-            draft = Draft(torch.zeros(batch, 0, dtype=torch.long), torch.zeros(batch, dtype=torch.long))
-        lengths = draft.lengths * torch.tensor(active, dtype=torch.long)
-        k = int(lengths.max()) if batch else 0  # no compute spent on padding columns
-        draft = Draft(draft.tokens[:, :k], lengths, None if draft.probs is None else draft.probs[:, :k])
-        last = torch.tensor([r.sequence[-1] for r in rows], dtype=torch.long).unsqueeze(1)
-        block = torch.cat([last, draft.tokens], dim=1)
-        valid = torch.arange(k + 1).unsqueeze(0) <= lengths.unsqueeze(1)
-        valid &= torch.tensor(active).unsqueeze(1)
-        prefix = None
-        if k > 0 and hasattr(self.drafter, "verify_prefix"):  # early exit: reuse the draft's layers
-            prefix = self.drafter.verify_prefix(self.target, [r.sequence for r in rows], block, valid)
-        if prefix is not None:
-            logits = self.target.forward(block, valid, prefix=prefix)
-        else:
-            logits = self.target.forward(block, valid)
-        target_scores = self._penalised(logits, rows, block, config.sampling)
-        if config.sampling.greedy:
-            verdict = verify_greedy(draft.tokens, target_scores.argmax(-1), lengths)
-        else:
-            target_probs = process_logits(target_scores, config.sampling)
-            verdict = verify_chain(draft.tokens, target_probs, draft.probs, lengths, config.epsilon,
-                                   config.residual, generator)
-        accepted = verdict.accepted_length
-        keep = torch.arange(k + 1).unsqueeze(0).expand(batch, -1)
-        keep = torch.where((keep <= accepted.unsqueeze(1)) & torch.tensor(active).unsqueeze(1), keep, -1)
-        self.target.keep_block(keep)
-        new_tokens = [draft.tokens[i, :int(accepted[i])].tolist() + [int(verdict.next_token[i])] if on else []
-                      for i, on in enumerate(active)]
-        return new_tokens, accepted.tolist(), lengths.tolist()
-
-    def _verify_tree(self, rows, active, draft: TreeDraft, config, generator):
-        """Multi-draft: merge the chains into a token tree, score it in one target pass, then walk it
-        with the recursive residual verifier (one depth at a time, the live chains as candidates)."""
-        batch, num_chains, k = draft.chains.shape
-        nodes, paths = [], []  # per row: list of (token, parent); per chain the node index per depth
-        for b in range(batch):
-            row_nodes, index, row_paths = [], {}, []
-            for m in range(num_chains):
-                parent, path = 0, []
-                for d in range(int(draft.lengths[b, m]) if active[b] else 0):
-                    key = (parent, int(draft.chains[b, m, d]))
-                    if key not in index:
-                        row_nodes.append(key)
-                        index[key] = len(row_nodes)  # block index (0 is the last committed token)
-                    parent = index[key]
-                    path.append(parent)
-                row_paths.append(path)
-            nodes.append(row_nodes)
-            paths.append(row_paths)
-        width = 1 + max(len(n) for n in nodes)
-        block = torch.zeros(batch, width, dtype=torch.long)
+    def _verify(self, groups: list[_Group], record: StepRecord) -> None:
+        """One target pass over every row's block, then each group's acceptance rule."""
+        for group in groups:
+            group.block = group.draft.block([r.sequence[-1] for r in group.requests], [True] * len(group.rows))
+        batch = len(self._running)
+        width = max(g.block.tokens.shape[1] for g in groups)
+        tokens = torch.zeros(batch, width, dtype=torch.long)
         valid = torch.zeros(batch, width, dtype=torch.bool)
-        tree_mask = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)
-        for b, row in enumerate(rows):
-            block[b, 0] = row.sequence[-1]
-            valid[b, 0] = active[b]
-            for i, (parent, token) in enumerate(nodes[b], start=1):
-                block[b, i], valid[b, i] = token, True
-                tree_mask[b, i] |= tree_mask[b, parent]
-        logits = self.target.forward(block, valid, tree_mask)
-        scores = self._penalised_tree(logits, rows, block, tree_mask, config.sampling)
-        target_probs = None if config.sampling.greedy else process_logits(scores, config.sampling)
-        keep = torch.full((batch, k + 1), -1, dtype=torch.long)
-        new_tokens, accepted, drafted = [], [], []
-        for b in range(batch):
-            if not active[b]:
-                new_tokens.append([]), accepted.append(0), drafted.append(0)
-                continue
-            node, live, path_tokens, emitted = 0, list(range(num_chains)), [0], None
-            for depth in range(k):
-                live = [m for m in live if len(paths[b][m]) > depth]
-                if not live:
-                    break
-                candidates = torch.tensor([int(draft.chains[b, m, depth]) for m in live])
-                if config.sampling.greedy:
-                    best = int(scores[b, node].argmax())
-                    hit = [i for i, t in enumerate(candidates.tolist()) if t == best]
-                    choice, token = (hit[0] if hit else -1), best
-                else:
-                    laws = None if draft.probs is None else draft.probs[b, live, depth].unsqueeze(0)
-                    verdict = verify_multidraft(candidates.unsqueeze(0), target_probs[b, node].unsqueeze(0), laws,
-                                                epsilon=config.epsilon, residual=config.residual, generator=generator)
-                    choice, token = int(verdict.accepted_index[0]), int(verdict.token[0])
-                if choice < 0:
-                    emitted = token
-                    break
-                node = paths[b][live[choice]][depth]
-                live = [m for m in live if int(draft.chains[b, m, depth]) == token]
-                path_tokens.append(node)
-            if emitted is None:  # every level accepted (or nothing left to try): the bonus token
-                emitted = (int(scores[b, node].argmax()) if config.sampling.greedy else
-                           int(torch.multinomial(target_probs[b, node], 1, generator=generator)))
-            keep[b, :len(path_tokens)] = torch.tensor(path_tokens)
-            new_tokens.append([int(block[b, i]) for i in path_tokens[1:]] + [emitted])
-            accepted.append(len(path_tokens) - 1)
-            drafted.append(len(nodes[b]))
+        trees = any(g.block.tree_mask is not None for g in groups)
+        tree_mask = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1) if trees else None
+        for group in groups:
+            rows, n = torch.tensor(group.rows), group.block.tokens.shape[1]
+            tokens[rows, :n], valid[rows, :n] = group.block.tokens, group.block.valid
+            if trees:
+                own = group.block.tree_mask
+                tree_mask[rows, :n, :n] = own if own is not None else torch.ones(n, n, dtype=torch.bool).tril()
+        started = time.perf_counter()
+        prefix = None
+        if len(groups) == 1 and not trees and groups[0].requests[0].drafter is not None and width > 1:
+            group = groups[0]  # early exit: the draft computed the block's first layers already
+            requests = [DraftRequest(r.id, r.sequence, 0) for r in group.requests]
+            prefix = group.requests[0].drafter.verify_prefix(self.target, requests, tokens, valid)
+        logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix)
+        record.target_time_s = time.perf_counter() - started
+        for group in groups:
+            group.verdict = self._accept(group, logits[torch.tensor(group.rows), :group.block.tokens.shape[1]])
+        record.verify_time_s = time.perf_counter() - started
+        record.batch_size, record.block_width = batch, width
+        for name in {g.requests[0].drafter_name for g in groups if g.requests[0].drafter is not None}:
+            self.costs[name].observe_verify(width, record.verify_time_s)
+
+    def _accept(self, group: _Group, logits: torch.Tensor) -> Verdict:
+        """The acceptance rule for one group's rows, each with its own sampling and random stream."""
+        requests, block, draft = group.requests, group.block, group.draft
+        sampling = [r.sampling for r in requests]
+        seen = None
+        if any(s.repetition_penalty != 1.0 for s in sampling):
+            base = seen_mask([r.sequence for r in requests], logits.shape[-1], logits.device)
+            seen = block_seen_mask(base, block.tokens, block.tree_mask)
+        accept_uniforms = sample_uniforms = None
+        if not all(s.greedy for s in sampling):
+            k, width = draft.width, max(r.random.num_candidates for r in requests)
+            sample_uniforms = torch.zeros(len(requests), k + 1, dtype=torch.float64)
+            accept_uniforms = torch.zeros(len(requests), k, max(width, draft.num_chains), dtype=torch.float64)
+            for i, request in enumerate(requests):
+                if not request.sampling.greedy:
+                    sample, accept = request.random.uniforms(len(request.generated), k + 1)
+                    sample_uniforms[i] = sample
+                    accept_uniforms[i, :, :accept.shape[1]] = accept[:k]
+        epsilon = torch.tensor([r.config.epsilon for r in requests], dtype=torch.float64)
+        return verify(draft.tokens, block.lengths, logits, sampling, node_of=block.node_of, draft_probs=draft.probs, seen=seen,
+                      epsilon=epsilon if bool(epsilon.any()) else 0.0, residual=requests[0].group[1] or "opt",
+                      accept_uniforms=accept_uniforms, sample_uniforms=sample_uniforms)
+
+    def _commit(self, groups: list[_Group]) -> None:
+        """Keep the accepted path of every row in the target's cache; drop the rest of the block."""
+        depth = max(g.verdict.path.shape[1] for g in groups)
+        keep = torch.full((len(self._running), depth), -1, dtype=torch.long)
+        for group in groups:
+            keep[torch.tensor(group.rows), :group.verdict.path.shape[1]] = group.verdict.path
         self.target.keep_block(keep)
-        return new_tokens, accepted, drafted
 
-    def _penalised(self, logits, rows, block, sampling: SamplingConfig):
-        if sampling.repetition_penalty == 1.0:
-            return logits
-        base = seen_mask([r.sequence for r in rows], logits.shape[-1], logits.device)
-        return apply_repetition_penalty(logits, block_seen_mask(base, block), sampling.repetition_penalty)
+    def _emit(self, groups: list[_Group], record: StepRecord) -> None:
+        """Append each row's accepted tokens and its next token; stop checks; statistics; policies."""
+        now = time.perf_counter()
+        for group in groups:
+            drafted = group.draft.drafted_tokens()
+            depths = group.block.lengths.amax(dim=1).tolist()
+            for i, request in enumerate(group.requests):
+                accepted = int(group.verdict.accepted_length[i])
+                path = group.verdict.path[i, 1:accepted + 1]
+                tokens = [int(t) for t in group.block.tokens[i, path]] + [int(group.verdict.next_token[i])]
+                if request.policy is not None:
+                    request.policy.update(drafted[i], accepted, group.evidence[i])
+                    request.policy.shadow(group.shadows[i], tokens, group.evidence[i])
+                request.stats.record(drafted[i], accepted, depths[i])
+                request.stats.draft_time_s += record.draft_time_s
+                request.stats.verify_time_s += record.verify_time_s
+                kept = self._append(request, tokens)
+                request.random.advance(len(request.generated))
+                request.stats.total_time_s = now - request.started_at
+                record.requests[request.id] = RequestStep(
+                    kept, drafted[i], accepted, [j < accepted for j in range(depths[i])], request.finish_reason,
+                    request.stats, group.evidence[i])
 
-    def _penalised_tree(self, logits, rows, block, tree_mask, sampling: SamplingConfig):
-        if sampling.repetition_penalty == 1.0:
-            return logits
-        base = seen_mask([r.sequence for r in rows], logits.shape[-1], logits.device)
-        one_hot = torch.zeros(*block.shape, logits.shape[-1], dtype=torch.bool)
-        one_hot.scatter_(-1, block.unsqueeze(-1), True)
-        one_hot[:, 0] = False
-        seen = base.unsqueeze(1) | (tree_mask.to(torch.float32) @ one_hot.to(torch.float32) > 0)
-        return apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
-
-    def _emit(self, row: _Row, tokens: list[int], config: GenerationConfig, eos: set[int]) -> None:
-        """Append accepted tokens, stopping at EOS, a stop string or the token budget."""
+    def _append(self, request: _Request, tokens: list[int]) -> list[int]:
+        """Append tokens, stopping at EOS, a stop string, the token budget or the context; returns the
+        tokens kept."""
+        before = len(request.generated)
+        config = request.config
         for token in tokens:
-            row.generated.append(token)
-            row.stats.new_tokens += 1
-            if token in eos:
-                row.finish_reason = "eos"
-                return
-            if len(row.generated) >= config.max_new_tokens:
-                row.finish_reason = "length"
-                return
-        if config.stop_strings and self.tokenizer is not None:
-            text = self._decode(row)
+            request.generated.append(token)
+            if token in request.eos:
+                request.finish_reason = "eos"
+                break
+            if len(request.generated) >= config.max_new_tokens:
+                request.finish_reason = "length"
+                break
+        if config.stop_strings and self.tokenizer is not None and request.finish_reason != "eos":
+            text = self._decode(request.generated)
             if any(s in text for s in config.stop_strings):
-                # cut at the first token whose prefix contains a stop string
-                for n in range(len(row.generated) - len(tokens) + 1, len(row.generated) + 1):
-                    prefix = self.tokenizer.decode(row.generated[:n], skip_special_tokens=True)
-                    if any(s in prefix for s in config.stop_strings):
-                        row.stats.new_tokens -= len(row.generated) - n
-                        del row.generated[n:]
+                # cut at the first token whose prefix contains a stop string (it is one of this step's)
+                for n in range(before + 1, len(request.generated) + 1):
+                    if any(s in self._decode(request.generated[:n]) for s in config.stop_strings):
+                        del request.generated[n:]
                         break
-                row.finish_reason = "stop"
-        if self._context_room(row) <= 0 and row.finish_reason is None:
-            row.finish_reason = "length"
+                request.finish_reason = "stop"
+        if request.finish_reason is None and self._context_left(request) <= 0:
+            request.finish_reason = "length"
+        kept = request.generated[before:]
+        request.stats.new_tokens += len(kept)
+        return kept
+
+    def _release(self, leaving: list[_Request]) -> None:
+        """Finished or cancelled requests leave: their target rows are freed, their drafters forget them."""
+        if not leaving:
+            return
+        gone = {r.id for r in leaving}
+        self.target.remove_rows([row for row, r in enumerate(self._running) if r.id in gone])
+        for drafter, requests in _by_drafter(leaving):
+            drafter.finish([r.id for r in requests])
+        self._running = [r for r in self._running if r.id not in gone]
 
     # ------------------------------------------------------------------ helpers
-    def _context_room(self, row: _Row) -> int:
+    def _room(self, request: _Request) -> int:
+        """Draft tokens this request may still verify: the budget and the context leave room for them
+        and the token after them."""
+        budget = request.config.max_new_tokens - len(request.generated) - 1
+        return max(0, min(budget, self._context_left(request) - 1))
+
+    def _context_left(self, request: _Request) -> int:
         limit = self.target.max_context
-        return limit - len(row.sequence) if limit is not None else 1 << 30
+        return limit - len(request.prompt) - len(request.generated) if limit is not None else 1 << 30
 
-    def _check_prompts(self, rows: list[_Row], config: GenerationConfig) -> None:
-        if not rows:
-            raise ConfigError("no prompts given")
+    def _check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise ConfigError("empty prompt: give at least one token")
         vocab = self.target.vocab_size
-        for row in rows:
-            if not row.prompt:
-                raise ConfigError("empty prompt: give at least one token")
-            if min(row.prompt) < 0 or max(row.prompt) >= vocab:
-                raise ConfigError(f"prompt token ids must be in [0, {vocab}), got {min(row.prompt)}..{max(row.prompt)}")
-            limit = self.target.max_context
-            if limit is not None and len(row.prompt) >= limit:
-                raise ContextLengthError(f"prompt has {len(row.prompt)} tokens but the model's context is {limit}")
-
-    def _default_eos(self) -> list[int]:
-        ids = getattr(self.tokenizer, "eos_token_id", None)
-        if ids is None:
-            config = getattr(getattr(self.target, "model", None), "generation_config", None)
-            ids = getattr(config, "eos_token_id", None)
-        if ids is None:
-            return []
-        return list(ids) if isinstance(ids, (list, tuple)) else [ids]
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ConfigError(f"prompt token ids must be in [0, {vocab}), got {min(prompt)}..{max(prompt)}")
+        limit = self.target.max_context
+        if limit is not None and len(prompt) >= limit:
+            raise ContextLengthError(f"prompt has {len(prompt)} tokens but the model's context is {limit}")
 
     def _encode(self, prompts: str | list[str]) -> list[list[int]]:
         if self.tokenizer is None:
@@ -455,19 +572,20 @@ class SpeculativeEngine:
             prompts = [prompts]
         return [self.tokenizer(p)["input_ids"] for p in prompts]
 
-    def _decode(self, row: _Row) -> str:
-        return self.tokenizer.decode(row.generated, skip_special_tokens=True)
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
-    def _result(self, row: _Row) -> RequestResult:
-        text = self._decode(row) if self.tokenizer is not None else None
-        return RequestResult(list(row.generated), row.stats, row.finish_reason or "length", text)
+
+def _by_drafter(requests: list[_Request]) -> list[tuple[Drafter, list[_Request]]]:
+    """The requests that use a drafter, per drafter (requests without one are left out)."""
+    groups: dict[int, tuple[Drafter, list[_Request]]] = {}
+    for request in requests:
+        if request.drafter is not None:
+            groups.setdefault(id(request.drafter), (request.drafter, []))[1].append(request)
+    return list(groups.values())
 
 
 def _config(config: GenerationConfig | None, overrides: dict) -> GenerationConfig:
     if config is None:
         return GenerationConfig(**overrides)
-    if overrides:
-        from dataclasses import replace
-
-        return replace(config, **overrides)
-    return config
+    return replace(config, **overrides) if overrides else config

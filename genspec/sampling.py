@@ -1,12 +1,15 @@
 """Turning logits into the probabilities that are sampled and verified.
 
 Speculative decoding is lossless only if the draft and the target distributions are processed the
-same way (temperature, top-k, top-p, repetition penalty) *before* the acceptance rule compares them.
-This module is that one processing function; the engine calls it for both models.
+same way (repetition penalty, temperature, top-k, top-p) *before* the acceptance rule compares them.
+:func:`process_logits` is that one processing function; the engine calls it for the target and every
+model-based drafter for its draft. Settings may differ per row (a batch mixes requests): a row's
+probabilities depend only on its own logits and settings, never on its neighbours'.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,12 +44,35 @@ class SamplingConfig:
         return self.temperature == 0
 
 
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL-style penalty (as in transformers): logits of tokens already seen are divided by
-    ``penalty`` when positive, multiplied when negative. ``seen`` is a bool mask shaped like ``logits``."""
-    if penalty == 1.0:
-        return logits
-    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+def per_row(sampling: SamplingConfig | Sequence[SamplingConfig], batch: int) -> list[SamplingConfig]:
+    """``sampling`` as a list of one config per row."""
+    if isinstance(sampling, SamplingConfig):
+        return [sampling] * batch
+    rows = list(sampling)
+    if len(rows) != batch:
+        raise ValueError(f"{len(rows)} sampling configs for {batch} rows")
+    return rows
+
+
+def _row_tensor(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, ..., 1]`` so that it broadcasts over every dimension of ``like`` after the first."""
+    return torch.tensor(values, dtype=like.dtype, device=like.device).reshape(-1, *[1] * (like.dim() - 1))
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty) -> torch.Tensor:
+    """CTRL-style penalty (as in transformers): logits of tokens already seen are divided by the
+    penalty when positive, multiplied when negative. ``seen`` is a bool mask shaped like ``logits``;
+    ``penalty`` is one number, or a sequence with one per row."""
+    if isinstance(penalty, (int, float)):
+        if penalty == 1.0:
+            return logits
+        factor = penalty
+    else:
+        penalty = list(penalty)
+        if all(p == 1.0 for p in penalty):
+            return logits
+        factor = _row_tensor(penalty, logits)
+    penalised = torch.where(logits > 0, logits / factor, logits * factor)
     return torch.where(seen, penalised, logits)
 
 
@@ -59,44 +85,60 @@ def seen_mask(sequences: list[list[int]], vocab_size: int, device=None) -> torch
     return mask
 
 
-def block_seen_mask(base_seen: torch.Tensor, block_tokens: torch.Tensor) -> torch.Tensor:
-    """``[B, n, V]``: position i of a block sees ``base_seen`` plus block tokens 1..i (token 0 of a
-    verify block is the last token of the sequence, already in ``base_seen``)."""
+def block_seen_mask(base_seen: torch.Tensor, block_tokens: torch.Tensor,
+                    ancestors: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, n, V]``: what block position i has seen: ``base_seen`` (the sequence, which already holds
+    block token 0) plus the block tokens among its ancestors, itself included. ``ancestors``
+    ``[B, n, n]`` bool is a token tree's ancestor mask (default: a chain, i.e. tokens 1..i)."""
+    batch, n = block_tokens.shape
     vocab = base_seen.shape[-1]
-    one_hot = torch.zeros(*block_tokens.shape, vocab, dtype=torch.bool, device=base_seen.device)
-    one_hot.scatter_(-1, block_tokens.unsqueeze(-1), True)
-    one_hot[:, 0] = False
-    return base_seen.unsqueeze(1) | (one_hot.long().cummax(dim=1).values.bool())
+    one_hot = torch.zeros(batch, n, vocab, dtype=torch.float32, device=base_seen.device)
+    one_hot.scatter_(-1, block_tokens.unsqueeze(-1).to(base_seen.device), 1.0)
+    one_hot[:, 0] = 0.0
+    if ancestors is None:
+        ancestors = torch.ones(n, n, dtype=torch.bool, device=base_seen.device).tril().expand(batch, n, n)
+    in_block = (ancestors.to(base_seen.device, torch.float32) @ one_hot) > 0
+    return base_seen.unsqueeze(1) | in_block
 
 
-def process_logits(logits: torch.Tensor, config: SamplingConfig, seen: torch.Tensor | None = None) -> torch.Tensor:
-    """Repetition penalty (if configured and ``seen`` is given), then :func:`logits_to_probs`."""
-    if seen is not None and config.repetition_penalty != 1.0:
-        logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
-    return logits_to_probs(logits, config)
+def process_logits(logits: torch.Tensor, sampling, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """The law tokens are drawn from, ``[B, ..., V]``, from raw logits of the same shape.
 
-
-def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    """Processed probabilities ``[..., V]`` from raw (already repetition-penalised) logits ``[..., V]``.
-
-    Applies temperature, then top-k, then top-p (nucleus), then softmax; computed in float32 at least
-    (float64 stays float64). Greedy configs (temperature 0) return the one-hot of the argmax, which
-    is the distribution greedy decoding samples from.
+    ``sampling``: a :class:`SamplingConfig` for every row or one per row. Per row: repetition penalty
+    (where ``seen``, a bool mask like ``logits``, is given), then temperature, top-k, top-p (nucleus),
+    softmax; computed in float32 at least (float64 stays float64). A greedy row (temperature 0) gets
+    the one-hot of its (penalised) argmax, the law greedy decoding samples from.
     """
+    rows = per_row(sampling, logits.shape[0])
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, [c.repetition_penalty for c in rows])
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     logits = logits.to(dtype)
-    if config.greedy:
+    greedy = [c.greedy for c in rows]
+    if all(greedy):
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(dtype)
-    logits = logits / config.temperature
-    vocab = logits.shape[-1]
-    if 0 < config.top_k < vocab:
-        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    if config.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop_sorted = mass_before >= config.top_p  # the top token always stays (mass_before = 0)
+    scores = logits / _row_tensor([c.temperature if not c.greedy else 1.0 for c in rows], logits)
+    vocab = scores.shape[-1]
+    top_k = [c.top_k if (0 < c.top_k < vocab and not c.greedy) else 0 for c in rows]
+    if any(top_k):
+        largest = torch.topk(scores, max(top_k), dim=-1).values
+        index = _row_tensor([max(k - 1, 0) for k in top_k], scores).long().expand(*scores.shape[:-1], 1)
+        kth = largest.gather(-1, index)
+        kth = torch.where(_row_tensor(top_k, scores) > 0, kth, torch.full_like(kth, -math.inf))
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    top_p = [c.top_p if not c.greedy else 1.0 for c in rows]
+    if any(p < 1.0 for p in top_p):
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(-1)
+        # the mass of the tokens ranked above each one, as a running total shifted by one: exact where a
+        # prefix holds exactly top_p ("total minus self" rounds either way there)
+        mass_before = torch.nn.functional.pad(sorted_probs.cumsum(-1)[..., :-1], (1, 0))
+        limit = _row_tensor(top_p, scores)
+        drop_sorted = (mass_before >= limit) & (limit < 1.0)  # the top token always stays (mass_before = 0)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, -math.inf)
-    return logits.softmax(-1)
+        scores = scores.masked_fill(drop, -math.inf)
+    probs = scores.softmax(-1)
+    if any(greedy):
+        one_hot = torch.nn.functional.one_hot(logits.argmax(-1), vocab).to(dtype)
+        probs = torch.where(_row_tensor(greedy, scores).bool(), one_hot, probs)
+    return probs

@@ -14,7 +14,7 @@ from genspec.bench.methods import HF_PLAIN, PLAIN, parse_method, parse_methods, 
 from genspec.bench.plots import write_plots
 from genspec.bench.report import write_report
 from genspec.cli import main
-from genspec.draft_length import expected_tokens
+from genspec.theory.leviathan import expected_tokens_per_call as expected_tokens
 from genspec.errors import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 from tiny_models import tiny_llama
 
-from genspec.draft_length import CostModel, DraftLength, expected_tokens
-from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
+from genspec.draft_length import CostModel, DraftLength
+from genspec.theory.leviathan import expected_tokens_per_call as expected_tokens
+from genspec.drafters import DraftModelDrafter, DraftRequest, PromptLookupDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
@@ -19,15 +20,15 @@ def test_expected_tokens_matches_leviathan_table():
 
 
 def test_heuristic_schedule():
-    policy = DraftLength("heuristic", k_max=10, batch=1)
-    policy.current[0] = 5
-    policy.update(0, drafted=5, accepted=5)
-    assert policy.limit(0) == 7
-    policy.update(0, drafted=7, accepted=3)
-    assert policy.limit(0) == 6
+    policy = DraftLength("heuristic", k_max=10)
+    policy.current = 5
+    policy.update(drafted=5, accepted=5)
+    assert policy.limit() == 7
+    policy.update(drafted=7, accepted=3)
+    assert policy.limit() == 6
     for _ in range(20):
-        policy.update(0, drafted=1, accepted=0)
-    assert policy.limit(0) == 1
+        policy.update(drafted=1, accepted=0)
+    assert policy.limit() == 1
 
 
 def test_cost_policy_turns_speculation_off_when_it_cannot_pay():
@@ -35,12 +36,12 @@ def test_cost_policy_turns_speculation_off_when_it_cannot_pay():
     costs.observe_verify(1, 0.100)
     for width in range(2, 10):
         costs.observe_verify(width, 0.200)  # verifying 2+ tokens costs twice a plain step
-    policy = DraftLength("cost", k_max=8, batch=2, cost_model=costs)
+    good, bad = DraftLength("cost", k_max=8, cost_model=costs), DraftLength("cost", k_max=8, cost_model=costs)
     for _ in range(30):
-        policy.update(0, drafted=8, accepted=8)  # row 0: everything accepted
-        policy.update(1, drafted=8, accepted=0)  # row 1: nothing accepted
-    assert policy.limit(0) == 8
-    assert policy.limit(1) == 0
+        good.update(drafted=8, accepted=8)  # everything accepted
+        bad.update(drafted=8, accepted=0)  # nothing accepted
+    assert good.limit() == 8
+    assert bad.limit() == 0
 
 
 def test_cost_policy_uses_draft_cost():
@@ -48,11 +49,11 @@ def test_cost_policy_uses_draft_cost():
     for width in range(1, 10):
         costs.observe_verify(width, 0.1)
     costs.observe_draft(tokens=1, seconds=0.05)  # each draft token costs half a target step
-    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs)
+    policy = DraftLength("cost", k_max=8, cost_model=costs)
     for _ in range(30):
-        policy.update(0, drafted=4, accepted=2)  # first token always right, later ones 1 in 2
-    k = policy.limit(0)
-    estimate = policy.estimate(0)
+        policy.update(drafted=4, accepted=2)  # first token always right, later ones 1 in 2
+    k = policy.limit()
+    estimate = policy.estimate()
     rates = {j: estimate.expected_tokens(j) / (0.1 + 0.05 * j) for j in range(0, 9)}
     assert k == max(rates, key=rates.get)
     assert 0 < k < 8
@@ -60,7 +61,7 @@ def test_cost_policy_uses_draft_cost():
 
 def test_unknown_policy():
     with pytest.raises(ConfigError, match="draft length policy"):
-        DraftLength("magic", 4, 1)
+        DraftLength("magic", 4)
 
 
 @pytest.mark.parametrize("policy", ["heuristic", "cost"])
@@ -79,10 +80,10 @@ def test_switched_off_drafter_is_probed_with_backoff():
     costs.observe_verify(1, 0.1)
     for width in range(2, 10):
         costs.observe_verify(width, 0.2)
-    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs)
+    policy = DraftLength("cost", k_max=8, cost_model=costs)
     for _ in range(30):
-        policy.update(0, drafted=8, accepted=0)
-    limits = [policy.limit(0) for _ in range(8 + 16 + 32)]
+        policy.update(drafted=8, accepted=0)
+    limits = [policy.limit() for _ in range(8 + 16 + 32)]
     probes = [i for i, k in enumerate(limits) if k]
     assert [limits[i] for i in probes] == [1, 1, 1]
     assert probes == [7, 7 + 16, 7 + 16 + 32]
@@ -110,12 +111,12 @@ def test_cost_policy_needs_a_margin_over_plain_decoding():
     costs = CostModel()
     for width in range(1, 10):
         costs.observe_verify(width, 1.0 + 0.1 * (width - 1))
-    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs, prior_alpha=0.2, prior_later=0.2,
+    policy = DraftLength("cost", k_max=8, cost_model=costs, prior_alpha=0.2, prior_later=0.2,
                          prior_weight=1000)
     # alpha 0.2: one draft gives 1.2 tokens for 1.1 the cost, +9% < MARGIN - 1
-    assert 1.2 / 1.1 < MARGIN and policy.best_k(0) == 0
-    rich = DraftLength("cost", k_max=8, batch=1, cost_model=costs, prior_alpha=0.6, prior_weight=1000)
-    assert rich.best_k(0) > 0
+    assert 1.2 / 1.1 < MARGIN and policy.best_k() == 0
+    rich = DraftLength("cost", k_max=8, cost_model=costs, prior_alpha=0.6, prior_weight=1000)
+    assert rich.best_k() > 0
 
 
 def test_acceptance_counts_first_and_later_tokens():
@@ -138,42 +139,42 @@ def test_cost_policy_learns_per_evidence_level():
     costs = CostModel()
     for width in range(1, 10):
         costs.observe_verify(width, 0.1 * (1 + 0.1 * (width - 1)))
-    policy = DraftLength("cost", k_max=8, batch=1, cost_model=costs)
+    policy = DraftLength("cost", k_max=8, cost_model=costs)
     for step in range(40):
-        policy.update(0, drafted=3, accepted=int(step % 10 == 0), evidence=1)
-        policy.update(0, drafted=8, accepted=8, evidence=4)
-    assert policy.limit(0, evidence=1, probe=False) == 0
-    assert policy.limit(0, evidence=4) == 8
+        policy.update(drafted=3, accepted=int(step % 10 == 0), evidence=1)
+        policy.update(drafted=8, accepted=8, evidence=4)
+    assert policy.limit(evidence=1, probe=False) == 0
+    assert policy.limit(evidence=4) == 8
     # a new level starts from the prior, or lower where the row's levels so far did worse
-    assert policy.estimate(0, 2).rate_first == 0.5
-    assert DraftLength("cost", k_max=8, batch=1).estimate(0, 2).rate_first == 0.5  # nothing seen: the prior
-    bad = DraftLength("cost", k_max=8, batch=1)
+    assert policy.estimate(2).rate_first == 0.5
+    assert DraftLength("cost", k_max=8).estimate(2).rate_first == 0.5  # nothing seen: the prior
+    bad = DraftLength("cost", k_max=8)
     for _ in range(5):
-        bad.update(0, drafted=3, accepted=0, evidence=1)
-    assert bad.estimate(0, 3).rate_first < 0.2
+        bad.update(drafted=3, accepted=0, evidence=1)
+    assert bad.estimate(3).rate_first < 0.2
 
 
 def test_free_proposals_are_scored_when_not_verified():
-    policy = DraftLength("cost", k_max=8, batch=1)
-    before = policy.estimate(0, 2).rate_first
-    policy.shadow(0, [7, 8], [7], evidence=2)
-    assert policy.estimate(0, 2).rate_first > before
-    policy.shadow(0, [9, 8], [7], evidence=3)
-    assert policy.estimate(0, 3).rate_first < before
+    policy = DraftLength("cost", k_max=8)
+    before = policy.estimate(2).rate_first
+    policy.shadow([7, 8], [7], evidence=2)
+    assert policy.estimate(2).rate_first > before
+    policy.shadow([9, 8], [7], evidence=3)
+    assert policy.estimate(3).rate_first < before
 
 
 def test_first_step_drafts_a_few_tokens_not_k_max():
     """Nothing measured yet: the prior costs (1 + 0.1 k) and the prior acceptance pick a short draft."""
-    policy = DraftLength("cost", k_max=16, batch=1)
-    assert 1 <= policy.limit(0) <= 4
+    policy = DraftLength("cost", k_max=16)
+    assert 1 <= policy.limit() <= 4
 
 
 def test_prompt_lookup_reports_match_length_as_evidence():
     drafter = PromptLookupDrafter(max_ngram=3)
     seq = [1, 2, 3, 4, 9, 9, 1, 2, 3]  # last 3 tokens seen before: a 3-gram match
-    draft = drafter.propose([seq, [5, 6, 7], [1, 8, 1]], [4, 4, 4])
-    assert draft.evidence == [3, 0, 1]
-    assert draft.tokens[0, :4].tolist() == [4, 9, 9, 1]
+    draft = drafter.propose([DraftRequest(i, s, 4) for i, s in enumerate([seq, [5, 6, 7], [1, 8, 1]])])
+    assert draft.evidence == (3, 0, 1)
+    assert draft.first_chain(0) == [4, 9, 9, 1]
 
 
 def test_engine_drops_weak_free_drafts_and_stays_exact(monkeypatch):
@@ -194,16 +195,14 @@ def test_engine_drops_weak_free_drafts_and_stays_exact(monkeypatch):
     plain = SpeculativeEngine(target).generate_ids(prompt, max_new_tokens=60, eos_token_ids=())[0].token_ids
 
     class Oracle(Drafter):
-        name, deterministic = "oracle", True
+        name, free = "oracle", True
 
-        def propose(self, sequences, max_tokens):
-            done = len(sequences[0]) - len(prompt[0])
+        def propose(self, requests):
+            done = len(requests[0].sequence) - len(prompt[0])
             strong = done % 3 == 0
-            truth = plain[done:done + max_tokens[0]]
+            truth = plain[done:done + requests[0].max_tokens]
             tokens = truth if strong else [(t + 1) % 256 for t in truth]
-            draft = Draft.from_lists([tokens])
-            draft.evidence = [4 if strong else 1]
-            return draft
+            return Draft.from_chains([[tokens]], evidence=[4 if strong else 1])
 
     result = SpeculativeEngine(target, Oracle()).generate_ids(prompt, max_new_tokens=60, eos_token_ids=(),
                                                                num_draft_tokens=4)[0]

@@ -20,7 +20,8 @@ from genspec.drafters.lookahead import LookaheadDrafter
 from genspec.drafters.ngram_cache import CountTable, NGramCacheDrafter, StaticTable, clear_process_tables
 from genspec.drafters.prompt_lookup import NGramIndex, PromptLookupDrafter
 from genspec.drafters.retrieval import RetrievalDrafter
-from genspec.engine import SpeculativeEngine
+from genspec.drafters.base import DraftRequest, RequestContext
+from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
 from genspec.models.base import CausalLM
@@ -71,9 +72,8 @@ def model_free_drafters(plain_outputs):
         "retrieval-tree": lambda batch: RetrievalDrafter(index, num_candidates=3, min_suffix=1),
         "retrieval-context": lambda batch: RetrievalDrafter(index, context=True),
         "retrieval-context-tree": lambda batch: RetrievalDrafter(index, num_candidates=3, context=True),
-        "edit": lambda batch: EditDrafter([_noisy(o, 10 + i) for i, o in enumerate(plain_outputs[:batch])]),
-        "edit-tree": lambda batch: EditDrafter([_noisy(o, 10 + i) for i, o in enumerate(plain_outputs[:batch])],
-                                               num_candidates=3),
+        "edit": lambda batch: EditDrafter(),  # each request's source: PER_REQUEST_SOURCE
+        "edit-tree": lambda batch: EditDrafter(num_candidates=3),
         "edit-prompt-source": lambda batch: EditDrafter(),
         "lookahead": lambda batch: LookaheadDrafter(),
         "lookahead-tree": lambda batch: LookaheadDrafter(num_candidates=4),
@@ -81,6 +81,31 @@ def model_free_drafters(plain_outputs):
 
 
 DRAFTER_NAMES = list(model_free_drafters([[0] * NEW_TOKENS] * 4))
+#: drafters whose requests each bring their own edit source (a noisy copy of the plain output)
+PER_REQUEST_SOURCE = ("edit", "edit-tree")
+
+
+def run_requests(engine, prompts, per_request_options=None, **config) -> list:
+    """Decode ``prompts`` through the step API, request i with drafter options ``per_request_options[i]``;
+    returns ``(tokens, final RequestStep)`` per prompt."""
+    ids = [engine.add_request(p, GenerationConfig(**config, drafter_options=(per_request_options or [{}] * len(prompts))[i]))
+           for i, p in enumerate(prompts)]
+    tokens, done = {i: [] for i in ids}, {}
+    while engine.has_unfinished():
+        for request_id, step in engine.step().requests.items():
+            tokens[request_id] += step.new_tokens
+            if step.finish_reason is not None:
+                done[request_id] = step
+    return [(tokens[i], done[i]) for i in ids]
+
+
+def chains_of(draft, row: int = 0) -> list[list[int]]:
+    return [draft.tokens[row, m, :int(draft.lengths[row, m])].tolist() for m in range(draft.num_chains)]
+
+
+def propose(drafter, sequences, limits):
+    """A drafter's draft for token-id sequences (request ids 0, 1, ...)."""
+    return drafter.propose([DraftRequest(i, s, n) for i, (s, n) in enumerate(zip(sequences, limits))])
 
 
 # ------------------------------------------------------------------------------- greedy equality
@@ -88,14 +113,15 @@ DRAFTER_NAMES = list(model_free_drafters([[0] * NEW_TOKENS] * 4))
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_speculation_equals_plain_decoding(target, plain, name, batch):
     drafter = model_free_drafters(plain)[name](batch)
+    options = ([{"source": _noisy(o, 10 + i)} for i, o in enumerate(plain[:batch])] if name in PER_REQUEST_SOURCE
+               else None)
     # fixed k: with the cost policy a tiny model's timings may switch drafting off, and the test
     # below is that the drafts were really used
-    results = SpeculativeEngine(target, drafter).generate_ids(PROMPTS[:batch], max_new_tokens=NEW_TOKENS,
-                                                              num_draft_tokens=4, eos_token_ids=(),
-                                                              draft_length="fixed")
-    assert [r.token_ids for r in results] == plain[:batch]
+    results = run_requests(SpeculativeEngine(target, drafter), PROMPTS[:batch], options, max_new_tokens=NEW_TOKENS,
+                           num_draft_tokens=4, eos_token_ids=(), draft_length="fixed")
+    assert [tokens for tokens, _ in results] == plain[:batch]
     if name not in ("edit-prompt-source",):
-        assert sum(r.stats.accepted_tokens for r in results) > 0  # the drafts really were used
+        assert sum(step.stats.accepted_tokens for _, step in results) > 0  # the drafts really were used
 
 
 def test_registry_builds_every_model_free_drafter(target, tmp_path):
@@ -104,7 +130,7 @@ def test_registry_builds_every_model_free_drafter(target, tmp_path):
                           ("retrieval", {"index": str(index_dir)}), ("edit", {"edit_source": [5, 6, 7]}),
                           ("lookahead", {"ngram_size": 3})]:
         drafter = genspec.build_drafter(name, target, **options)
-        assert drafter.name == name and drafter.deterministic
+        assert drafter.name == name and drafter.free
     assert genspec.build_drafter("prompt-lookup", target, num_drafts=2).num_candidates == 2
     with pytest.raises(ConfigError, match="does not take option"):
         genspec.build_drafter("lookahead", target, bogus=1)
@@ -140,10 +166,8 @@ def test_lossless_sampling_deterministic_drafter():
 def test_lossless_sampling_deterministic_tree_drafts():
     """Three deterministic candidate chains per row (prompt lookup after a token seen three times
     with different successors, each of which the target samples 7-13% of the time), verified as a
-    tree. N = 5,000 (the engine's tree verification is per-row Python: 20,000 rows take 40 s),
-    p > 1e-3."""
-    pvalue, acceptance = _lossless_pvalue(PromptLookupDrafter(num_candidates=3), [6, 4, 6, 7, 6, 9, 6],
-                                          num_samples=5_000)
+    tree. N = 20,000, p > 1e-3."""
+    pvalue, acceptance = _lossless_pvalue(PromptLookupDrafter(num_candidates=3), [6, 4, 6, 7, 6, 9, 6])
     assert 0.02 < acceptance < 0.95
     assert pvalue > 1e-3
 
@@ -158,19 +182,34 @@ class CopyModel(CausalLM):
 
     def __init__(self, documents: list[list[int]], vocab_size: int, tokenizer=None):
         self.documents, self.vocab_size, self.tokenizer = documents, vocab_size, tokenizer
-        self._lengths = torch.zeros(0, dtype=torch.long)
+        self.reset(0)
 
-    def reset(self, batch_size):
+    def reset(self, batch_size=0):
         self._lengths = torch.zeros(batch_size, dtype=torch.long)
+        self._rows = list(range(batch_size))  # the document of each row
+        self._added = batch_size
 
-    def forward(self, tokens, valid=None, tree_mask=None, last_only=False):
+    def add_rows(self, prefixes):  # rows take the documents in the order they join
+        self._rows += [(self._added + i) % len(self.documents) for i in range(len(prefixes))]
+        self._added += len(prefixes)
+        self._lengths = torch.cat([self._lengths, torch.tensor([len(p) for p in prefixes], dtype=torch.long)])
+
+    def remove_rows(self, rows):
+        kept = [r for r in range(len(self._rows)) if r not in set(rows)]
+        self._rows = [self._rows[r] for r in kept]
+        self._lengths = self._lengths[kept]
+
+    def hidden_states(self, tokens, valid=None, tree_mask=None):
+        raise NotImplementedError
+
+    def forward(self, tokens, valid=None, tree_mask=None, last_only=False, prefix=None):
         batch, width = tokens.shape
         valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
         depth = torch.arange(width).expand(batch, width) if tree_mask is None else tree_mask.sum(-1) - 1
         positions = self._lengths.unsqueeze(1) + depth
         logits = torch.zeros(batch, width, self.vocab_size)
         for b in range(batch):
-            document = self.documents[b]
+            document = self.documents[self._rows[b]]
             for i in range(width):
                 p = int(positions[b, i]) + 1
                 logits[b, i, document[p] if p < len(document) else 0] = 100.0
@@ -219,23 +258,22 @@ def test_edit_drafter_realigns_after_edits(batch):
     corrected = [[rng.randrange(3, vocab) for _ in range(300)] for _ in range(batch)]
     sources = [_with_errors(c, rng, vocab) for c in corrected]
     model = CopyModel([p + c for p, c in zip(prompts, corrected)], vocab)
-    results = SpeculativeEngine(model, EditDrafter(sources)).generate_ids(
-        prompts, max_new_tokens=300, num_draft_tokens=8, eos_token_ids=(), draft_length="fixed")
-    for result, text in zip(results, corrected):
-        assert result.token_ids == text
-        assert result.stats.mean_accepted_length > 5
+    results = run_requests(SpeculativeEngine(model, EditDrafter()), prompts, [{"source": s} for s in sources],
+                           max_new_tokens=300, num_draft_tokens=8, eos_token_ids=(), draft_length="fixed")
+    for (tokens, step), text in zip(results, corrected):
+        assert tokens == text
+        assert step.stats.mean_accepted_length > 5
     # without re-alignment (pointer only advances) the same task does much worse
-    naive = _no_realign_mean(model, prompts[:1], sources[:1])
-    assert results[0].stats.mean_accepted_length > 1.5 * naive
+    naive = _no_realign_mean(CopyModel(model.documents[:1], vocab), prompts[:1], sources[0])
+    assert results[0][1].stats.mean_accepted_length > 1.5 * naive
 
 
-def _no_realign_mean(model, prompts, sources) -> float:
+def _no_realign_mean(model, prompts, source) -> float:
     class Naive(EditDrafter):  # after a mismatch: assume a substitution, never search
         def _realign(self, row, sequence):
             return [row.anchor + row.written]
 
-    model.documents = model.documents[:1]
-    result = SpeculativeEngine(model, Naive(sources)).generate_ids(
+    result = SpeculativeEngine(model, Naive(source)).generate_ids(
         prompts, max_new_tokens=300, num_draft_tokens=8, eos_token_ids=(), draft_length="fixed")[0]
     return result.stats.mean_accepted_length
 
@@ -276,17 +314,16 @@ def test_edit_drafter_uses_the_prompt_without_source():
 def test_prompt_lookup_longest_then_most_recent():
     drafter = PromptLookupDrafter(max_ngram=3, num_candidates=3)
     sequence = [1, 2, 3, 40, 9, 2, 3, 41, 7, 3, 42, 1, 2, 3]
-    tree = drafter.propose([sequence], [2])
-    chains = [tree.chains[0, m, :int(tree.lengths[0, m])].tolist() for m in range(3)]
+    tree = propose(drafter, [sequence], [2])
     # [1 2 3] matched once (-> 40), then [2 3] most recent first (-> 41), then [3] (-> 42)
-    assert chains == [[40, 9], [41, 7], [42, 1]]
-    single = PromptLookupDrafter(max_ngram=3).propose([sequence], [3])
-    assert single.tokens[0].tolist() == [40, 9, 2]
+    assert chains_of(tree) == [[40, 9], [41, 7], [42, 1]]
+    single = propose(PromptLookupDrafter(max_ngram=3), [sequence], [3])
+    assert chains_of(single) == [[40, 9, 2]]
 
 
 def test_prompt_lookup_repeats_a_period_past_the_end():
-    draft = PromptLookupDrafter().propose([[7, 1, 2, 1, 2]], [6])
-    assert draft.tokens[0].tolist() == [1, 2, 1, 2, 1, 2]
+    draft = propose(PromptLookupDrafter(), [[7, 1, 2, 1, 2]], [6])
+    assert chains_of(draft) == [[1, 2, 1, 2, 1, 2]]
 
 
 def test_ngram_index_is_exact_after_rollback():
@@ -385,34 +422,32 @@ def test_retrieval_index_round_trip_and_longest_match(tmp_path):
     length, lo, hi = loaded.longest_suffix_match([99, 6, 7, 8], 16)
     assert (length, hi - lo) == (3, 3)
     drafter = RetrievalDrafter(loaded, num_candidates=2)
-    tree = drafter.propose([[99, 6, 7, 8]], [3])
-    chains = [tree.chains[0, m, :int(tree.lengths[0, m])].tolist() for m in range(2)]
-    assert chains == [[9, 10], [11, 12]]  # most frequent first token first; no draft across documents
-    draft = RetrievalDrafter(loaded).propose([[5, 6, 7, 8, 9]], [4])
-    assert draft.tokens[0, :int(draft.lengths[0])].tolist() == [10]  # the document ends there
+    tree = propose(drafter, [[99, 6, 7, 8]], [3])
+    assert chains_of(tree) == [[9, 10], [11, 12]]  # most frequent first token first; no draft across documents
+    draft = propose(RetrievalDrafter(loaded), [[5, 6, 7, 8, 9]], [4])
+    assert chains_of(draft) == [[10]]  # the document ends there
 
 
 def test_retrieval_with_context_takes_the_longer_match():
     index = RetrievalIndex.from_documents([[5, 6, 7, 8, 9, 10], [1, 6, 7, 8, 11, 12]])
     drafter = RetrievalDrafter(index, context=True, num_candidates=2)
-    drafter.begin([[40, 41, 42]], None)
+    drafter.start([RequestContext(0, [40, 41, 42])])
     # nothing in the datastore; the request saw 41, 42 followed by 43 44: the context drafts
-    tree = drafter.propose([[40, 41, 42, 43, 44, 41, 42]], [2])
-    assert tree.chains[0, 0, :int(tree.lengths[0, 0])].tolist() == [43, 44]
-    assert tree.evidence == [("context", 2)]
+    tree = propose(drafter, [[40, 41, 42, 43, 44, 41, 42]], [2])
+    assert chains_of(tree)[0] == [43, 44]
+    assert tree.evidence == (("context", 2),)
     # datastore suffix 3 (6 7 8) beats the request's 2-gram (7 8 -> 30): datastore candidates first,
     # then the request's candidate with a new first token
-    tree = drafter.propose([[7, 8, 30, 6, 7, 8]], [2])
-    chains = [tree.chains[0, m, :int(tree.lengths[0, m])].tolist() for m in range(2)]
-    assert sorted(chains) == [[9, 10], [11, 12]] and tree.evidence == [("datastore", 3)]
-    tree = RetrievalDrafter(index, context=True, num_candidates=3).propose([[7, 8, 30, 6, 7, 8]], [2])
-    chains = [tree.chains[0, m, :int(tree.lengths[0, m])].tolist() for m in range(3)]
+    drafter.finish([0])
+    tree = propose(drafter, [[7, 8, 30, 6, 7, 8]], [2])
+    assert sorted(chains_of(tree)) == [[9, 10], [11, 12]] and tree.evidence == (("datastore", 3),)
+    chains = chains_of(propose(RetrievalDrafter(index, context=True, num_candidates=3), [[7, 8, 30, 6, 7, 8]], [2]))
     assert sorted(chains[:2]) == [[9, 10], [11, 12]] and chains[2] == [30, 6]
     # a tie goes to the request; no match anywhere: no draft
-    draft = RetrievalDrafter(index, context=True).propose([[7, 8, 50, 99, 7, 8]], [2])
-    assert draft.tokens[0, :2].tolist() == [50, 99] and draft.evidence == [("context", 2)]
-    draft = RetrievalDrafter(index, context=True).propose([[90, 91]], [3])
-    assert int(draft.lengths[0]) == 0
+    draft = propose(RetrievalDrafter(index, context=True), [[7, 8, 50, 99, 7, 8]], [2])
+    assert chains_of(draft) == [[50, 99]] and draft.evidence == (("context", 2),)
+    draft = propose(RetrievalDrafter(index, context=True), [[90, 91]], [3])
+    assert chains_of(draft) == [[]]
     with pytest.raises(ConfigError, match="context must be true or false"):
         RetrievalDrafter(index, context="yes")
 
@@ -524,11 +559,10 @@ def test_edit_drafter_drafts_the_outputs_own_repeats():
     source = list(range(100, 140))
     drafter = EditDrafter(source)
     prompt = [1, 2]
-    drafter.begin([prompt], SamplingConfig())
+    drafter.start([RequestContext(0, prompt, SamplingConfig())])
     sequence = prompt + [100, 101, 102, 103] + [50, 51, 52, 53, 54, 55] + [104, 105] + [50, 51, 52]
-    draft = drafter.propose([sequence], [3])
-    assert draft.tokens[0, :3].tolist() == [53, 54, 55]
+    assert chains_of(propose(drafter, [sequence], [3])) == [[53, 54, 55]]
     # while the output copies the source along, the source wins
-    drafter.begin([prompt], SamplingConfig())
-    drafter.propose([prompt + [100, 101]], [3])
-    assert drafter.propose([prompt + [100, 101, 102]], [3]).tokens[0].tolist() == [103, 104, 105]
+    drafter.start([RequestContext(0, prompt, SamplingConfig())])
+    propose(drafter, [prompt + [100, 101]], [3])
+    assert chains_of(propose(drafter, [prompt + [100, 101, 102]], [3])) == [[103, 104, 105]]

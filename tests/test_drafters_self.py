@@ -50,9 +50,9 @@ def test_greedy_equality(name, build):
 def test_variants_share_the_targets_weights():
     target = HFCausalLM(tiny_llama(0, layers=3))
     draft = variants.early_exit(target, 2)
-    assert len(draft._decoder.layers) == 2 and len(target._decoder.layers) == 3
-    assert draft._decoder.layers[0] is target._decoder.layers[0]
-    assert draft._lm_head is target._lm_head
+    assert draft.num_layers == 2 and target.num_layers == 3
+    assert draft.decoder.layers[0] is target.decoder.layers[0]
+    assert draft.lm_head is target.lm_head
 
 
 def test_early_exit_is_the_truncated_network():
@@ -108,7 +108,7 @@ def test_layer_skip_file_round_trip(tmp_path):
     path = tmp_path / "skip.json"
     path.write_text(json.dumps({"skip": [1]}))
     drafter = genspec.build_drafter("layer-skip", target, skip=str(path))
-    assert len(drafter.model._decoder.layers) == 2
+    assert drafter.model.num_layers == 2
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(InputFileError):
         genspec.build_drafter("layer-skip", target, skip=str(tmp_path / "bad.json"))
@@ -145,7 +145,7 @@ def test_early_exit_prefix_equals_a_full_verify_pass(build, tolerance):
     draft.commit_all()
     block = torch.tensor([[prompt[-1]] + drafts])
     valid = torch.ones_like(block, dtype=torch.bool)
-    prefix = draft.prefix_kv(torch.tensor([len(prompt) - 1]), valid)
+    prefix = draft.prefix_for(reused, torch.tensor([len(prompt) - 1]), valid)
     assert prefix is not None and prefix.num_layers == 2
     assert torch.allclose(reused.forward(block, valid, prefix=prefix), fresh.forward(block, valid), atol=tolerance)
     keep = torch.tensor([[0, 1, -1, -1]])  # one draft accepted
@@ -161,8 +161,11 @@ def test_early_exit_prefix_needs_held_positions():
     draft.reset(1)
     draft.forward(torch.tensor([[5, 6, 7]]))
     draft.commit_all()
-    assert draft.prefix_kv(torch.tensor([2]), torch.ones(1, 2, dtype=torch.bool)) is None  # position 3 not held
-    assert draft.prefix_kv(torch.tensor([1]), torch.ones(1, 2, dtype=torch.bool)) is not None
+    assert draft.prefix_for(target, torch.tensor([2]), torch.ones(1, 2, dtype=torch.bool)) is None  # 3 not held
+    assert draft.prefix_for(target, torch.tensor([1]), torch.ones(1, 2, dtype=torch.bool)) is not None
+    other = HFCausalLM(tiny_llama(0, layers=3))  # another model: the draft's layers are not its layers
+    assert not draft.shares_prefix_with(other) and draft.prefix_for(other, torch.tensor([1]),
+                                                                      torch.ones(1, 2, dtype=torch.bool)) is None
 
 
 @pytest.mark.parametrize("build", [tiny_llama, tiny_gemma3])

@@ -60,7 +60,7 @@ def test_identical_draft_accepts_everything(target):
     k = 4
     result = SpeculativeEngine(target, DraftModelDrafter(HFCausalLM(tiny_llama(0)))).generate_ids(
         [PROMPTS[1]], max_new_tokens=5 * (k + 1), num_draft_tokens=k, temperature=0.9, seed=3,
-        draft_length="fixed")[0]
+        draft_length="fixed", eos_token_ids=())[0]
     assert result.stats.acceptance_rate == pytest.approx(1.0)
     assert result.stats.mean_accepted_length == pytest.approx(k + 1)
     assert result.stats.accepted_length_histogram == [0] * k + [5]

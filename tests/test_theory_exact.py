@@ -7,11 +7,14 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import genspec.acceptance
+from genspec.acceptance import acceptance_probability, residual_distribution
 from genspec.errors import ConfigError
-from genspec.theory import exact
+from genspec.theory import exact, pareto
 from genspec.theory.chains import ChainPair, random_chain
 
 
@@ -129,9 +132,105 @@ def test_verifier_facts(pair, stages_count):
     assert stages.all_rejected[-1, 0] == pytest.approx(np.prod(stages.stage_rejection[:, 0]), abs=1e-14)
     np.testing.assert_allclose(stages.output_law()[0], target, atol=1e-12)
     # a rejected token keeps zero residual mass afterwards: the residual after a stage lives on q^j > p
+    # (unless [q^j - p]_+ is all zero and the shared rule falls back to q: then q^j = p up to rounding
+    # and the rule's rejection probability sum p (1 - b) is 0 or a few ulps, see the test below)
     for j in range(1, stages_count + 1):
         previous = stages.residual[j - 1][0]
-        assert np.all(stages.residual[j][0][previous <= draft] == 0) or stages.all_rejected[j, 0] == 0
+        assert np.all(stages.residual[j][0][previous <= draft] == 0) or stages.all_rejected[j, 0] <= 1e-15
+
+
+def rows_with_zeros(seed: int, states: int = 6, vocab: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """(target [S, V], draft [S, V]) random rows with zeros in both, one token with p = q = 0 per row,
+    and one row where the draft equals the target."""
+    rng = np.random.default_rng(seed)
+    target = rng.dirichlet(np.ones(vocab), size=states) * (rng.random((states, vocab)) < 0.7)
+    draft = rng.dirichlet(np.ones(vocab), size=states) * (rng.random((states, vocab)) < 0.6)
+    target[:, 0] = draft[:, 0] = 0.0
+    target[:, 1] += 0.1  # no row is all zero
+    draft[:, 2] += 0.1
+    target /= target.sum(-1, keepdims=True)
+    draft /= draft.sum(-1, keepdims=True)
+    draft[-1] = target[-1]
+    return target, draft
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rule_helpers_are_the_engine_rule_on_float64(seed):
+    target, draft = rows_with_zeros(seed)
+    assert np.any(draft == 0) and np.any((draft == 0) & (target > 0))
+    target_t, draft_t = torch.from_numpy(target), torch.from_numpy(draft)
+    for eps in (0.0, 0.1):
+        keep = exact.keep_probability(target, draft, eps)
+        assert keep.dtype == np.float64
+        np.testing.assert_array_equal(keep, acceptance_probability(target_t, draft_t, eps).numpy())
+    for residual in genspec.acceptance.RESIDUALS:
+        np.testing.assert_array_equal(exact.residual_law(target, draft, residual),
+                                      residual_distribution(target_t, draft_t, residual).numpy())
+    # the standard rule's accepted mass p b is min{p, q} (to rounding: p * (q / p))
+    accepted = exact.accepted_mass(target, draft)
+    np.testing.assert_array_equal(accepted, draft * acceptance_probability(target_t, draft_t).numpy())
+    np.testing.assert_allclose(accepted, np.minimum(draft, target), rtol=1e-15, atol=0)
+
+
+def test_a_token_neither_law_can_produce_gets_the_shared_rules_answer():
+    """p(y) = q(y) = 0: the shared rule says b = 0 (q + eps > 0 is false) at eps = 0 and 1 at eps > 0;
+    y gets no accepted mass and no residual mass, at every stage of the verifier."""
+    target, draft = np.array([0.0, 0.5, 0.5]), np.array([0.0, 0.8, 0.2])
+    assert exact.keep_probability(target, draft)[0] == 0.0
+    assert exact.keep_probability(target, draft, 0.1)[0] == 1.0
+    stages = exact.verifier_stages(target, draft, 3)
+    assert np.all(stages.accepted[:, 0, 0] == 0) and np.all(stages.residual[:, 0, 0] == 0)
+    np.testing.assert_allclose(stages.output_law()[0], target, atol=1e-15)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_verifier_stages_apply_the_shared_rule_stage_by_stage(seed):
+    target, draft = rows_with_zeros(seed)
+    stages = exact.verifier_stages(target, draft, 4)
+    law, reach = torch.from_numpy(target), np.ones(target.shape[0])
+    draft_t = torch.from_numpy(draft)
+    for j in range(4):
+        keep = acceptance_probability(law, draft_t).numpy()
+        np.testing.assert_array_equal(stages.residual[j], law.numpy())
+        np.testing.assert_array_equal(stages.accepted[j], reach[:, None] * (draft * keep))
+        np.testing.assert_allclose(stages.stage_rejection[j], (draft * (1 - keep)).sum(-1), rtol=1e-15,
+                                   atol=1e-17)
+        reach = reach * stages.stage_rejection[j]
+        law = residual_distribution(law, draft_t)
+
+
+def test_rejection_is_the_rules_even_when_the_residual_falls_back_to_q():
+    """q = p up to one ulp with q <= p everywhere: [q - p]_+ is all zero, so the shared residual is q,
+    while the rule still rejects with probability sum p (1 - q/p), a few ulps (the engine would too)."""
+    target, draft = np.full(3, 0.1), np.full(3, 0.3)
+    target, draft = target / target.sum(), draft / draft.sum()  # 1/3 rounded two ways
+    assert np.all(target <= draft) and np.any(target < draft)
+    rejection = exact.verifier_stages(target, draft, 1).stage_rejection[0, 0]
+    assert 0 < rejection <= 1e-15
+    np.testing.assert_array_equal(exact.verifier_stages(target, draft, 1).residual[1, 0], target)
+
+
+def test_the_exact_dps_follow_whatever_rule_genspec_acceptance_defines(monkeypatch):
+    """Swap the rule the exact module calls for the relaxed one (eps = 0.2, OPT residual): both DPs at
+    M = 1 become the relaxed rule's exact E[N_rej], computed here from Theorem 4's output law b p + R P.
+    A DP that re-implemented min{p, q} or [q - p]_+ anywhere would not follow the swap."""
+    chain, eps = random_chain(4, 6, 9), 0.2
+    relaxed, marginal = 0.0, chain.initial
+    for n in range(chain.horizon):
+        rows = [pareto.over_acceptance_point(d, t, eps).rejection for d, t in zip(chain.draft[n], chain.target[n])]
+        out = [pareto.output_law(d, pareto.over_acceptance_keep(d, t, eps), pareto.opt_resampling(d, t))
+               for d, t in zip(chain.draft[n], chain.target[n])]
+        relaxed += float(marginal @ np.array(rows))
+        marginal = marginal @ np.array(out)
+    lossless = exact.expected_rejections_sd(chain)
+    assert relaxed < lossless - 0.5
+
+    def relaxed_rule(target_prob_of_draft, draft_prob_of_draft, epsilon=0.0):
+        return acceptance_probability(target_prob_of_draft, draft_prob_of_draft, epsilon + eps)
+
+    monkeypatch.setattr(exact, "acceptance_probability", relaxed_rule)
+    for variant in exact.VARIANTS:
+        assert exact.expected_rejections(chain, 1, variant) == pytest.approx(relaxed, rel=1e-12)
 
 
 def test_round_start_accepted_mass_is_q_minus_rejected_residual():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stats_helpers import chi_square_pvalue
 
-from genspec.acceptance import acceptance_probability
+from genspec.acceptance import acceptance_probability, residual_distribution
 from genspec.errors import ConfigError
 from genspec.theory import leviathan, pareto
 from genspec.theory.chains import ChainPair, random_chain
@@ -87,6 +87,50 @@ def test_numpy_keep_probability_is_the_shared_rule():
     for eps in (0.0, 0.05, 0.3):
         shared = acceptance_probability(torch.from_numpy(target), torch.from_numpy(draft), eps).numpy()
         np.testing.assert_allclose(pareto.over_acceptance_keep(draft, target, eps), shared, rtol=1e-15)
+
+
+@settings(max_examples=100, deadline=None)
+@given(pairs, st.sampled_from([0.0, 0.05, 0.3]), st.data())
+def test_keep_probabilities_are_the_shared_rule_with_zeros_in_the_draft(pair, epsilon, data):
+    """lossless_keep / over_acceptance_keep return exactly acceptance_probability's b, also where p = 0
+    (some of those with q = 0 too)."""
+    draft, target = pair
+    zeros = data.draw(st.lists(st.booleans(), min_size=draft.size, max_size=draft.size))
+    zeros[int(np.argmax(draft))] = False  # keep the draft a distribution
+    draft = np.where(zeros, 0.0, draft)
+    draft = draft / draft.sum()
+    target = np.where(zeros[::-1] if data.draw(st.booleans()) else zeros, 0.0, target)
+    if target.sum() == 0:
+        target = draft.copy()
+    target = target / target.sum()
+    shared = acceptance_probability(torch.from_numpy(target), torch.from_numpy(draft), epsilon).numpy()
+    np.testing.assert_array_equal(pareto.over_acceptance_keep(draft, target, epsilon), shared)
+    if epsilon == 0.0:
+        np.testing.assert_array_equal(pareto.lossless_keep(draft, target), shared)
+
+
+def test_token_with_zero_draft_and_target_mass_gets_the_shared_rules_keep_probability():
+    """p(y) = q(y) = 0: acceptance_probability keeps y iff q(y) + eps > 0, so b = 0 at eps = 0 and 1 at
+    eps > 0 (the old NumPy twin said 1 at eps = 0); where p(y) = 0 < q(y), b = 1. R, the output law and
+    the biases do not depend on b where p = 0."""
+    draft, target = np.array([0.0, 0.0, 0.6, 0.4]), np.array([0.0, 0.3, 0.2, 0.5])
+    np.testing.assert_array_equal(pareto.lossless_keep(draft, target), [0.0, 1.0, 0.2 / 0.6, 1.0])
+    np.testing.assert_array_equal(pareto.over_acceptance_keep(draft, target, 0.1)[:2], [1.0, 1.0])
+    point = pareto.over_acceptance_point(draft, target, 0.0)
+    assert point.rejection == pytest.approx(0.4, abs=1e-15)
+    assert point.loss_star == 0.0 and point.opt_bias == pytest.approx(0.0, abs=1e-15)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs)
+def test_opt_resampling_is_the_shared_residual(pair):
+    """Decoding-OPT's law is residual_distribution(q, p, "opt"), including its fallback to q when
+    [q - p]_+ is all zero (p = q)."""
+    draft, target = pair
+    for d, t in ((draft, target), (target, target)):
+        shared = residual_distribution(torch.from_numpy(t), torch.from_numpy(d), "opt").numpy()
+        np.testing.assert_array_equal(pareto.opt_resampling(d, t), shared)
+    np.testing.assert_array_equal(pareto.opt_resampling(target, target), target)
 
 
 @pytest.mark.parametrize("rule", ["opt", "uno"])

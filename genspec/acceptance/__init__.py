@@ -1,8 +1,9 @@
 """Acceptance rules as pure functions on probability tensors.
 
-Shared by the engine (real models) and the theory simulators (Markov chains), so that the one
-implementation that is checked against the theory is the one that generates text.
-Convention: ``draft_probs`` = speculator (p in the theory), ``target_probs`` = large model (q).
+Shared by the engine (real models), the draft-model drafter (hierarchical levels) and the theory
+simulators (Markov chains), so that the one implementation that is checked against the theory is the
+one that generates text. Convention: ``draft_probs`` = speculator (p in the theory), ``target_probs``
+= large model (q).
 """
 from genspec.acceptance.rules import (  # noqa: F401
     RESIDUALS,
@@ -10,7 +11,9 @@ from genspec.acceptance.rules import (  # noqa: F401
     MultiDraftVerdict,
     acceptance_probability,
     residual_distribution,
+    sample_with_uniforms,
     verify_chain,
     verify_greedy,
     verify_multidraft,
 )
+from genspec.acceptance.verify import Verdict, chain_nodes, verify, verify_tree  # noqa: F401

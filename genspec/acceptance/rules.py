@@ -12,8 +12,18 @@ Rules (theory.md; p = draft, q = target):
 - multi-draft (Algorithm 4's recursive residual verifier): try M candidates in turn against a
   residual that shrinks after every rejection; the output is still exactly q.
 
-A draft that is deterministic (prompt lookup, retrieval, ...) passes ``draft_probs=None``: its
-distribution is the point mass on the proposed token, and the rules above stay exact for it.
+Randomness is explicit: every function takes ``accept_uniforms`` (for the keep tests) and
+``sample_uniforms`` (one per emitted position, for residual and bonus draws), or draws them from a
+``generator``. Draws use the inverse CDF, so the token emitted at a position is a function of that
+position's uniform: the engine gives every request its own stream of uniforms, indexed by position,
+and a seeded request then produces the same tokens whatever shares its batch.
+
+A deterministic draft (prompt lookup, retrieval, ...) passes ``draft_probs=None``: its law is the point
+mass on the proposed token. For it the standard rule is carried out as the equivalent coupling
+"draw x from q with the position's uniform; keep y iff x == y": P(keep) = q(y) = min{1, q(y)/1}, and
+after a rejection x is q conditioned on x != y, which is the residual norm([q - delta_y]+). So the
+output law is the rule's, and the output itself equals plain sampling's with the same uniforms,
+whatever was drafted (several candidates: keep the one equal to x).
 """
 from __future__ import annotations
 
@@ -49,8 +59,9 @@ class MultiDraftVerdict:
 
 
 def acceptance_probability(target_prob_of_draft: torch.Tensor, draft_prob_of_draft: torch.Tensor,
-                           epsilon: float = 0.0) -> torch.Tensor:
-    """b(y) = min{1, (q(y) + eps) / p(y)}, elementwise. eps = 0 is the lossless rule.
+                           epsilon=0.0) -> torch.Tensor:
+    """b(y) = min{1, (q(y) + eps) / p(y)}, elementwise. eps = 0 is the lossless rule (``epsilon`` may be
+    a tensor that broadcasts, e.g. one value per row).
 
     A token the draft could not have produced (p(y) = 0) is kept iff q(y) + eps > 0.
     """
@@ -77,19 +88,39 @@ def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     return torch.where(total > 0, positive / total.clamp(min=torch.finfo(total.dtype).tiny), target_probs)
 
 
-def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row of ``probs`` [B, V] (rows need not be normalised exactly)."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+def sample_with_uniforms(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws: one token per row of ``probs`` ``[..., V]`` from ``uniforms`` ``[...]`` in [0, 1).
+
+    Rows need not be normalised exactly (the uniform is scaled by the row total); a token with zero
+    probability is never drawn, even when rounding puts the scaled uniform on the last cumulative value.
+    """
+    cumulative = probs.cumsum(-1)
+    total = cumulative[..., -1:]
+    scaled = uniforms.to(cumulative.dtype).unsqueeze(-1) * total
+    index = torch.searchsorted(cumulative.contiguous(), scaled.contiguous(), right=True).squeeze(-1)
+    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(-1)
+    return torch.minimum(index, last_positive)
+
+
+def _uniforms(shape, like: torch.Tensor, given: torch.Tensor | None, generator: torch.Generator | None):
+    if given is not None:
+        return given.to(like.device)
+    return torch.rand(shape, generator=generator, dtype=torch.float64).to(like.device)
 
 
 def _point_mass(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like).scatter_(-1, tokens.unsqueeze(-1), 1.0)
 
 
+def _is_zero(epsilon) -> bool:
+    return bool((torch.as_tensor(epsilon) == 0).all())
+
+
 def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
                  draft_probs: torch.Tensor | None = None, draft_lengths: torch.Tensor | None = None,
-                 epsilon: float = 0.0, residual: str = "opt",
-                 generator: torch.Generator | None = None) -> ChainVerdict:
+                 epsilon=0.0, residual: str = "opt", generator: torch.Generator | None = None,
+                 accept_uniforms: torch.Tensor | None = None,
+                 sample_uniforms: torch.Tensor | None = None) -> ChainVerdict:
     """Verify a chain of drafts per row with the standard (or relaxed) rule.
 
     Args:
@@ -99,14 +130,24 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
         draft_probs: ``[B, k, V]`` the draft's law at each position, or None for deterministic drafts.
         draft_lengths: ``[B]`` valid drafts per row (defaults to k); positions beyond are ignored and
             the token at the first ignored position is drawn from q, like a bonus token.
-        epsilon: over-acceptance (0 = lossless). residual: "opt" or "uno" (only used if epsilon > 0
-            or for the UNO baseline).
+        epsilon: over-acceptance (0 = lossless; a number or ``[B]``). residual: "opt" or "uno".
+        accept_uniforms ``[B, k]``, sample_uniforms ``[B, k + 1]``: the randomness (else drawn from
+            ``generator``).
     """
     batch, k = draft_tokens.shape
-    rows = torch.arange(batch, device=draft_tokens.device)
+    device = draft_tokens.device
+    rows = torch.arange(batch, device=device)
     if draft_lengths is None:
-        draft_lengths = torch.full((batch,), k, dtype=torch.long, device=draft_tokens.device)
-    valid = torch.arange(k, device=draft_tokens.device) < draft_lengths.unsqueeze(1)  # [B, k]
+        draft_lengths = torch.full((batch,), k, dtype=torch.long, device=device)
+    valid = torch.arange(k, device=device) < draft_lengths.unsqueeze(1)  # [B, k]
+    epsilon = epsilon.unsqueeze(1) if isinstance(epsilon, torch.Tensor) else epsilon
+    sample_uniforms = _uniforms((batch, k + 1), target_probs, sample_uniforms, generator)
+
+    if draft_probs is None and _is_zero(epsilon):  # point masses: the coupling (module docstring)
+        drawn = sample_with_uniforms(target_probs, sample_uniforms)  # [B, k + 1]
+        kept = (drawn[:, :k] == draft_tokens) & valid
+        accepted_length = kept.long().cumprod(-1).sum(-1)
+        return ChainVerdict(accepted_length, drawn[rows, accepted_length])
 
     target_of_draft = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     if draft_probs is None:
@@ -114,8 +155,8 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
     else:
         draft_of_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
     keep_prob = acceptance_probability(target_of_draft, draft_of_draft, epsilon)
-    uniforms = torch.rand(keep_prob.shape, generator=generator, dtype=keep_prob.dtype, device=keep_prob.device)
-    kept = (uniforms < keep_prob) & valid
+    accept_uniforms = _uniforms((batch, k), keep_prob, accept_uniforms, generator)
+    kept = (accept_uniforms.to(keep_prob.dtype) < keep_prob) & valid
     accepted_length = kept.long().cumprod(-1).sum(-1)
 
     # the token after the kept prefix: residual at a rejected draft, q at a bonus / unused position
@@ -131,7 +172,7 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
     draft_row = draft_row * rejected_a_draft.unsqueeze(-1).to(draft_row.dtype)
     resample_law = torch.where(rejected_a_draft.unsqueeze(-1),
                                residual_distribution(target_row, draft_row, residual), target_row)
-    return ChainVerdict(accepted_length, _sample(resample_law, generator))
+    return ChainVerdict(accepted_length, sample_with_uniforms(resample_law, sample_uniforms[rows, accepted_length]))
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor,
@@ -151,8 +192,9 @@ def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor,
 
 def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor,
                       draft_probs: torch.Tensor | None = None, num_candidates: torch.Tensor | None = None,
-                      epsilon: float = 0.0, residual: str = "opt",
-                      generator: torch.Generator | None = None) -> MultiDraftVerdict:
+                      epsilon=0.0, residual: str = "opt", generator: torch.Generator | None = None,
+                      candidate_mask: torch.Tensor | None = None, accept_uniforms: torch.Tensor | None = None,
+                      sample_uniforms: torch.Tensor | None = None) -> MultiDraftVerdict:
     """Recursive residual verification of M candidates for one position (theory.md, Algorithm 4).
 
     Stage j keeps candidate j with probability min{1, q^j(y_j) / p_j(y_j)}; after a rejection
@@ -165,20 +207,33 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
         target_probs: ``[B, V]`` the target's law at this position.
         draft_probs: ``[B, V]`` (all candidates from one law), ``[B, M, V]`` (one law each), or None
             (deterministic candidates: point masses).
-        num_candidates: ``[B]`` how many of the M columns are real per row (default M).
+        num_candidates: ``[B]`` how many of the M columns are real per row (default M), or
+        candidate_mask: ``[B, M]`` which columns are real (they are tried in column order).
+        accept_uniforms ``[B, M]``, sample_uniforms ``[B]``: the randomness (else from ``generator``).
     """
     batch, num_cols = candidate_tokens.shape
     device = candidate_tokens.device
-    if num_candidates is None:
-        num_candidates = torch.full((batch,), num_cols, dtype=torch.long, device=device)
+    if candidate_mask is None:
+        if num_candidates is None:
+            num_candidates = torch.full((batch,), num_cols, dtype=torch.long, device=device)
+        candidate_mask = torch.arange(num_cols, device=device) < num_candidates.unsqueeze(1)
+    epsilon = epsilon if not isinstance(epsilon, torch.Tensor) else epsilon.to(target_probs.dtype)
+    sample_uniforms = _uniforms((batch,), target_probs, sample_uniforms, generator)
+    if draft_probs is None and _is_zero(epsilon):  # point masses: the coupling (module docstring)
+        token = sample_with_uniforms(target_probs, sample_uniforms)
+        hits = candidate_mask & (candidate_tokens == token.unsqueeze(1))
+        first = hits.to(torch.uint8).argmax(1)
+        return MultiDraftVerdict(torch.where(hits.any(1), first, torch.full_like(first, -1)), token)
+
+    accept_uniforms = _uniforms((batch, num_cols), target_probs, accept_uniforms, generator)
     law = target_probs
     accepted_index = torch.full((batch,), -1, dtype=torch.long, device=device)
     token = torch.zeros(batch, dtype=torch.long, device=device)
     open_rows = torch.ones(batch, dtype=torch.bool, device=device)
     for j in range(num_cols):
-        live = open_rows & (j < num_candidates)
+        live = open_rows & candidate_mask[:, j]
         if not bool(live.any()):
-            break
+            continue
         candidate = candidate_tokens[:, j]
         if draft_probs is None:
             stage_draft = _point_mass(candidate, law)
@@ -187,14 +242,12 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
         target_of_candidate = law.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
         draft_of_candidate = stage_draft.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
         keep_prob = acceptance_probability(target_of_candidate, draft_of_candidate, epsilon)
-        uniforms = torch.rand(batch, generator=generator, dtype=keep_prob.dtype, device=device)
-        kept = live & (uniforms < keep_prob)
+        kept = live & (accept_uniforms[:, j].to(keep_prob.dtype) < keep_prob)
         accepted_index = torch.where(kept, torch.full_like(accepted_index, j), accepted_index)
         token = torch.where(kept, candidate, token)
         open_rows &= ~kept
         rejected = live & ~kept
         law = torch.where(rejected.unsqueeze(-1), residual_distribution(law, stage_draft, residual), law)
     if bool(open_rows.any()):  # draw only for the rows that rejected every candidate
-        token = token.clone()
-        token[open_rows] = _sample(law[open_rows], generator)
+        token = torch.where(open_rows, sample_with_uniforms(law, sample_uniforms), token)
     return MultiDraftVerdict(accepted_index, token)

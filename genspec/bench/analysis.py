@@ -11,18 +11,19 @@ and tested on synthetic results.
 - Theory (Leviathan et al., with measured costs): per-token acceptance alpha = accepted / (accepted +
   rejections) over the target calls that verified a draft (the maximum-likelihood estimate under
   i.i.d. acceptance); a step drafting d tokens is expected to emit E(alpha, d) = (1 - alpha^(d+1)) /
-  (1 - alpha) tokens and to cost d * c_draft + v(d + 1), with c_draft the measured drafting time per
-  drafted token and v(w) the measured target forward time for a block of w tokens. Plain decoding
-  costs v_plain(1) per token. Predicted speedup = predicted tokens/s of the method over that of plain,
-  both including their measured prefill; ``measured / predicted`` is the efficiency of the real run
-  (what the engine loses to overhead outside model passes, and to acceptance not being i.i.d.).
+  (1 - alpha) tokens (:func:`genspec.theory.leviathan.expected_tokens_per_call`) and to cost
+  d * c_draft + v(d + 1), with c_draft the measured drafting time per drafted token and v(w) the
+  measured target forward time for a block of w tokens. Plain decoding costs v_plain(1) per token.
+  Predicted speedup = predicted tokens/s of the method over that of plain, both including their
+  measured prefill; ``measured / predicted`` is the efficiency of the real run (what the engine loses
+  to overhead outside model passes, and to acceptance not being i.i.d.).
 """
 from __future__ import annotations
 
 import statistics
 
 from genspec.bench.methods import HF_PLAIN, PLAIN
-from genspec.draft_length import expected_tokens
+from genspec.theory.leviathan import expected_tokens_per_call
 
 ALL = "all"     # every prompt pooled
 MEAN = "mean"   # arithmetic mean over categories of the per-category figures (Spec-Bench's average)
@@ -220,7 +221,7 @@ def theory(runs: list[dict], plain_runs: list[dict]) -> dict | None:
         nearest = min(widths, key=lambda w: abs(w - width)) if widths else 1
         return widths.get(nearest, plain_step)
 
-    tokens = sum(expected_tokens(alpha, d) for d in schedule)
+    tokens = sum(expected_tokens_per_call(alpha, d) for d in schedule)
     cost = sum(d * draft_cost + verify_cost(d + 1) for d in schedule)
     per_token = cost / tokens
     new_tokens = sum(r["new_tokens"] for r in runs)

@@ -192,22 +192,9 @@ def machine_info() -> dict:
 
 def model_info(path, target) -> dict:
     config = getattr(target.model, "config", None)
-    from genspec.models import variants
-
     return {"path": str(path), "architecture": (getattr(config, "architectures", None) or [type(target.model).__name__])[0],
-            "num_layers": variants.num_layers(target), "vocab_size": target.vocab_size, "dtype": str(target.dtype),
+            "num_layers": target.num_layers, "vocab_size": target.vocab_size, "dtype": str(target.dtype),
             "max_context": target.max_context}
-
-
-def eos_ids(target) -> list[int]:
-    """End-of-sequence ids both engines stop at: the tokenizer's and the model's generation config's."""
-    ids = []
-    for source in (getattr(target.tokenizer, "eos_token_id", None),
-                   getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)):
-        for i in (source if isinstance(source, (list, tuple)) else [source]):
-            if i is not None and int(i) not in ids:
-                ids.append(int(i))
-    return ids
 
 
 # --------------------------------------------------------------------------- the run
@@ -238,9 +225,9 @@ def run_bench(args) -> int:
 
 def execute(s: dict, prompts, console) -> dict:
     import genspec
-    from genspec.bench.hf_baselines import HFDecoder, load_hf_model
+    from genspec.bench.hf_baselines import ForwardClock, HFDecoder, StepLog, load_hf_model
     from genspec.bench.methods import HF_PLAIN, drafter_options, sweep_methods
-    from genspec.bench.runner import ForwardTimer, GenspecDecoder, encode_all, run_interleaved, warm_up
+    from genspec.bench.runner import GenspecDecoder, encode_all, run_interleaved, warm_up
     from genspec.engine import GenerationConfig
 
     if s["threads"]:
@@ -256,9 +243,8 @@ def execute(s: dict, prompts, console) -> dict:
 
             model_path = default_model_dir()
         target = genspec.load_model(str(model_path), dtype=s["dtype"])
-    eos = eos_ids(target)
+    eos = list(target.eos_token_ids)  # what generate() stops at too: the tokenizer's and the model's
     config = replace(config, eos_token_ids=tuple(eos))
-    timer = ForwardTimer(target)
     drafters = {}
 
     def drafter_for(spec):
@@ -277,17 +263,16 @@ def execute(s: dict, prompts, console) -> dict:
     for spec in main_specs + ([s["sweep_method"]] if s["sweep_method"] else []) + sweep_specs:
         if spec.kind == "genspec" and spec.name not in decoders:
             decoders[spec.name] = GenspecDecoder(spec, target, drafter_for(spec) if spec.base != "none" else None,
-                                                 target.tokenizer, timer)
+                                                 target.tokenizer)
     hf_specs = [m for m in main_specs if m.kind == "hf"]
     with console.status("loading an untouched copy of the model for the transformers baselines"):
         hf_model = load_hf_model(model_path, s["dtype"])
         assistant = load_hf_model(s["draft_model"], s["dtype"]) if any(m.base == "hf-assisted" for m in hf_specs) else None
     pad = getattr(target.tokenizer, "pad_token_id", None)
-    from genspec.models import variants
-
+    clock, log = ForwardClock().attach(hf_model), StepLog(hf_model)  # observed once, shared by the HF methods
     for spec in hf_specs:
         decoders[spec.name] = HFDecoder(spec, hf_model, eos, pad, assistant if spec.base == "hf-assisted" else None,
-                                        num_layers=variants.num_layers(target))
+                                        num_layers=target.num_layers, clock=clock, log=log)
     main = [decoders[m.name] for m in main_specs]
     if s["sweep_method"] and s["sweep_method"].name not in {m.name for m in main_specs}:
         sweep_decoders.append(decoders[s["sweep_method"].name])

@@ -7,9 +7,13 @@ same directory and never touched by genspec: stock transformers, as a user would
 
 What is measured per call: wall time around ``generate()`` (prefill included, as for genspec), the new
 tokens, the time inside the model's (and the assistant's) forward passes (a forward pre/post hook on
-the top module), and for assisted methods each verification step's (drafted, accepted) counts, read
-from the candidate generator HF builds for the call (its ``get_candidates`` and
-``update_candidate_strategy``), so mean accepted length and per-position acceptance are known.
+the top module), and for assisted methods each verification step's (drafted, accepted) counts, so mean
+accepted length and per-position acceptance are known. Those are observed, not patched in: a forward
+pre-hook on the target's *last* decoder layer sees every target pass and no draft pass (an early-exit
+draft stops before it; an assistant is another model), with its width and first position. A
+verification pass feeds the last committed token and the candidates, so a pass of width w at
+position s drafted w - 1 tokens and kept (next pass's s) - s - 1 of them (the first pass also holds
+the prompt).
 """
 from __future__ import annotations
 
@@ -68,38 +72,36 @@ class ForwardClock:
         self._handles = []
 
 
-@dataclass
 class StepLog:
-    """(drafted, accepted) per verification step of one HF assisted ``generate()`` call."""
+    """(drafted, accepted) per verification step of one HF assisted ``generate()`` call, from the
+    (first position, width) of every target pass (see the module docstring)."""
 
-    steps: list = field(default_factory=list)
-    pending: int = 0
+    def __init__(self, model):
+        self.passes: list[tuple[int, int]] = []
+        self._handle = model.get_decoder().layers[-1].register_forward_pre_hook(self._pre, with_kwargs=True)
 
+    def _pre(self, module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = kwargs["cache_position"].unsqueeze(0)
+        self.passes.append((int(positions.reshape(-1)[0]), int(hidden.shape[1])))
 
-def _record_steps(model, log: StepLog) -> None:
-    """Wrap the candidate generator HF builds for each assisted call (on this model instance only)."""
-    original = getattr(model, "_get_candidate_generator", None)
-    if original is None:  # a transformers without this hook: acceptance figures stay unknown
-        return
+    def steps(self, prompt_length: int, total_length: int) -> list[list[int]]:
+        """The steps of the call whose passes were logged (``total_length``: prompt + new tokens)."""
+        steps, starts = [], []
+        for number, (position, width) in enumerate(self.passes):
+            first = position + (prompt_length - 1 if number == 0 else 0)  # the last committed token's position
+            drafted = width - (prompt_length if number == 0 else 1)
+            starts.append(first)
+            steps.append([drafted, 0])
+        ends = starts[1:] + [total_length - 1]
+        for step, start, end in zip(steps, starts, ends):
+            step[1] = end - start - 1
+        return steps
 
-    def patched(*args, **kwargs):
-        generator = original(*args, **kwargs)
-        get_candidates, update = generator.get_candidates, generator.update_candidate_strategy
-
-        def counted_get_candidates(input_ids, *a, **kw):
-            candidates, logits = get_candidates(input_ids, *a, **kw)
-            log.pending = int(candidates.shape[1] - input_ids.shape[1])
-            return candidates, logits
-
-        def counted_update(input_ids, scores, num_matches):
-            log.steps.append([log.pending, int(num_matches)])
-            return update(input_ids, scores, num_matches)
-
-        generator.get_candidates = counted_get_candidates
-        generator.update_candidate_strategy = counted_update
-        return generator
-
-    model._get_candidate_generator = patched
+    def detach(self) -> None:
+        self._handle.remove()
 
 
 class HFDecoder:
@@ -108,7 +110,10 @@ class HFDecoder:
     kind = "hf"
 
     def __init__(self, spec: MethodSpec, model, eos_token_ids: list[int], pad_token_id: int | None,
-                 assistant=None, num_layers: int | None = None):
+                 assistant=None, num_layers: int | None = None, clock: ForwardClock | None = None,
+                 log: StepLog | None = None):
+        """``clock`` / ``log``: the model's forward clock and step log, shared by the methods that run
+        it (one hook each per model); made here if not given."""
         self.spec = spec
         self.name = spec.name
         self.model = model
@@ -122,14 +127,8 @@ class HFDecoder:
             self.kwargs["assistant_model"] = assistant
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_ids or [0])[0]
-        self.log = StepLog()
-        self.clock = getattr(model, "_genspec_bench_clock", None)
-        if self.clock is None:  # one clock per model, shared by the methods that use it
-            self.clock = ForwardClock().attach(model)
-            model._genspec_bench_clock = self.clock
-            model._genspec_bench_log = StepLog()
-            _record_steps(model, model._genspec_bench_log)
-        self.log = model._genspec_bench_log
+        self.clock = clock if clock is not None else ForwardClock().attach(model)
+        self.log = log if log is not None else StepLog(model)
         self.assistant_clock = None
         if assistant is not None:
             self.assistant_clock = ForwardClock().attach(assistant)
@@ -156,7 +155,7 @@ class HFDecoder:
         self.clock.reset()
         if self.assistant_clock is not None:
             self.assistant_clock.reset()
-        self.log.steps = []
+        self.log.passes = []
         torch.manual_seed(seed)
         with torch.inference_mode():
             start = time.perf_counter()
@@ -164,7 +163,7 @@ class HFDecoder:
             wall = time.perf_counter() - start
         new = out[0, input_ids.shape[1]:].tolist()
         forward = self.clock.seconds + (self.assistant_clock.seconds if self.assistant_clock else 0.0)
-        steps = [list(s) for s in self.log.steps] if self.spec.base != "hf-plain" else None
+        steps = self.log.steps(len(ids), out.shape[1]) if self.spec.base != "hf-plain" else None
         return {"new_tokens": len(new), "wall_time_s": wall, "token_ids": new, "stats": _step_stats(steps),
                 "steps": steps, "forward": {"model_s": forward, "calls": self.clock.calls}}
 

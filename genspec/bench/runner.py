@@ -6,186 +6,26 @@ machine hit all methods alike; a warm-up generation per method is excluded from 
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from genspec.bench.prompts import BenchPrompt, encode_prompt
 from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.models.base import CausalLM
 
 
-@dataclass
-class Method:
-    """A named way to decode: ``make_drafter(target)`` builds its drafter (None = plain decoding)."""
-
-    name: str
-    make_drafter: Callable | None
-    config_overrides: dict = field(default_factory=dict)
-
-
-@dataclass
-class Run:
-    """One prompt decoded by one method."""
-
-    method: str
-    category: str
-    question_id: int
-    new_tokens: int
-    time_s: float
-    stats: dict
-    token_ids: list[int]
-    matches_plain: bool | None = None
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.time_s if self.time_s > 0 else 0.0
-
-
-def run_methods(target: CausalLM, methods: list[Method], prompts: list[BenchPrompt], config: GenerationConfig,
-                tokenizer=None, on_progress: Callable[[str], None] | None = None) -> list[Run]:
-    """Decode every prompt with every method; the first method is the baseline for ``matches_plain``."""
-    tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
-    engines = [(m, SpeculativeEngine(target, m.make_drafter(target) if m.make_drafter else None, tokenizer))
-               for m in methods]
-    warm = encode_prompt("Hello, how are you?", tokenizer)
-    for method, engine in engines:
-        engine.generate_ids([warm], config, max_new_tokens=4, **method.config_overrides)
-    runs = []
-    for prompt in prompts:
-        ids = encode_prompt(prompt.text, tokenizer)
-        baseline = None
-        for method, engine in engines:
-            if on_progress:
-                on_progress(f"{prompt.category} #{prompt.question_id}: {method.name}")
-            result = engine.generate_ids([ids], config, **method.config_overrides)[0]
-            run = Run(method.name, prompt.category, prompt.question_id, result.stats.new_tokens,
-                      result.stats.total_time_s, result.stats.as_dict(), result.token_ids)
-            if baseline is None:
-                baseline = run
-            elif config.temperature == 0:
-                run.matches_plain = run.token_ids == baseline.token_ids
-            runs.append(run)
-    return runs
-
-
-def summarize(runs: list[Run], baseline: str) -> list[dict]:
-    """Per (category, method): total tokens / total time, speedup vs ``baseline`` on the same prompts,
-    mean accepted length and acceptance rate pooled over the prompts, greedy agreement."""
-    groups: dict[tuple[str, str], list[Run]] = {}
-    for run in runs:
-        groups.setdefault((run.category, run.method), []).append(run)
-        groups.setdefault(("all", run.method), []).append(run)
-    rows = []
-    for (category, method), group in groups.items():
-        base = groups[(category, baseline)]
-        tps = sum(r.new_tokens for r in group) / sum(r.time_s for r in group)
-        base_tps = sum(r.new_tokens for r in base) / sum(r.time_s for r in base)
-        drafted = sum(r.stats["drafted_tokens"] for r in group)
-        accepted = sum(r.stats["accepted_tokens"] for r in group)
-        calls = sum(r.stats["target_calls"] for r in group)
-        matches = [r.matches_plain for r in group if r.matches_plain is not None]
-        rows.append({
-            "category": category, "method": method, "prompts": len(group), "tokens_per_second": tps,
-            "speedup": tps / base_tps, "acceptance_rate": accepted / drafted if drafted else 0.0,
-            "mean_accepted_length": 1 + accepted / calls if calls else 0.0,
-            "median_prompt_speedup": statistics.median(r.tokens_per_second / b.tokens_per_second
-                                                       for r, b in zip(group, base)),
-            "greedy_matches": f"{sum(matches)}/{len(matches)}" if matches else "-",
-        })
-    return rows
-
-
-def markdown_table(rows: list[dict]) -> str:
-    head = "| category | method | prompts | tok/s | speedup | median speedup | acceptance | mean accepted | greedy match |"
-    lines = [head, "|" + "---|" * 9]
-    for r in rows:
-        lines.append(f"| {r['category']} | {r['method']} | {r['prompts']} | {r['tokens_per_second']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['median_prompt_speedup']:.2f}x | {r['acceptance_rate']:.2f} | "
-                     f"{r['mean_accepted_length']:.2f} | {r['greedy_matches']} |")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------------
-# ``genspec bench``: genspec and Hugging Face methods interleaved per prompt, repeated, fully instrumented
-
-
-class ForwardTimer:
-    """Times every ``forward`` of one :class:`CausalLM` instance (an instance attribute wraps the bound
-    method; the class and other instances are untouched). Records per block width, prefill apart."""
-
-    def __init__(self, model: CausalLM):
-        self.model = model
-        self.reset()
-        inner = model.forward
-
-        def timed(tokens, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(tokens, *args, **kwargs)
-            finally:
-                self._add(int(tokens.shape[1]), kwargs.get("last_only", False), time.perf_counter() - start)
-
-        model.forward = timed
-
-    def _add(self, width: int, last_only: bool, seconds: float) -> None:
-        self.seconds += seconds
-        if last_only:  # a prefill (target) or a sync (draft model): not a verification block
-            self.last_only_s += seconds
-            return
-        calls, total = self.by_width.get(width, (0, 0.0))
-        self.by_width[width] = (calls + 1, total + seconds)
-
-    def reset(self) -> None:
-        self.seconds = 0.0
-        self.last_only_s = 0.0
-        self.by_width: dict[int, tuple[int, float]] = {}
-
-
-def drafter_models(drafter) -> list[CausalLM]:
-    """The models a drafter runs (its own and those of its inner drafters, for hierarchical stacks)."""
-    models, seen = [], set()
-    while drafter is not None and id(drafter) not in seen:
-        seen.add(id(drafter))
-        model = getattr(drafter, "model", None)
-        if isinstance(model, CausalLM):
-            models.append(model)
-        drafter = getattr(drafter, "inner", None)
-    return models
-
-
 class GenspecDecoder:
-    """One genspec method: an engine over the shared target, with forward timers and a step log.
-
-    The step log ((drafted, accepted) per target call) wraps the engine instance's verification
-    method; if a future engine renames it, the log is simply missing and the theory prediction falls
-    back to pooled counts."""
+    """One genspec method: an engine over the shared target. Its figures come from the
+    :class:`~genspec.engine.StepRecord` of each step (times inside the target's passes per block width,
+    prefill, drafting, and each step's drafted / accepted counts); nothing is patched."""
 
     kind = "genspec"
 
-    def __init__(self, spec, target: CausalLM, drafter, tokenizer, target_timer: ForwardTimer):
+    def __init__(self, spec, target: CausalLM, drafter, tokenizer):
         self.spec = spec
         self.name = spec.name
         self.engine = SpeculativeEngine(target, drafter, tokenizer)
-        self.target_timer = target_timer
-        self.draft_timers = []
-        for model in drafter_models(drafter):
-            timer = getattr(model, "_genspec_bench_timer", None)
-            if timer is None:
-                timer = ForwardTimer(model)
-                model._genspec_bench_timer = timer
-            self.draft_timers.append(timer)
-        self.steps: list | None = None
-        verify = getattr(self.engine, "_verify", None)
-        if verify is not None:
-            def logged(*args, **kwargs):
-                new_tokens, accepted, drafted = verify(*args, **kwargs)
-                if self.steps is not None and len(drafted) == 1:
-                    self.steps.append([int(drafted[0]), int(accepted[0])])
-                return new_tokens, accepted, drafted
-
-            self.engine._verify = logged
 
     @property
     def settings(self) -> dict:
@@ -193,24 +33,40 @@ class GenspecDecoder:
                 "config_overrides": dict(self.spec.config_overrides)}
 
     def decode(self, ids: list[int], config: GenerationConfig) -> dict:
-        self.target_timer.reset()
-        for timer in self.draft_timers:
-            timer.reset()
-        self.steps = [] if hasattr(self.engine, "_verify") else None
+        config = replace(config, **self.spec.config_overrides)
+        tokens, steps, by_width = [], [], {}
+        prefill = target = draft_model = 0.0
+        final = None
         start = time.perf_counter()
-        result = self.engine.generate_ids([ids], config, **self.spec.config_overrides)[0]
+        request_id = self.engine.add_request(ids, config)
+        try:
+            while final is None:
+                record = self.engine.step()
+                step = record.requests.get(request_id)
+                prefill += record.prefill_time_s
+                draft_model += record.draft_model_time_s
+                if step is None:
+                    continue
+                target += record.target_time_s
+                calls, seconds = by_width.get(record.block_width, (0, 0.0))
+                by_width[record.block_width] = (calls + 1, seconds + record.target_time_s)
+                steps.append([step.drafted, step.accepted])
+                tokens += step.new_tokens
+                final = step if step.finish_reason is not None else None
+        finally:
+            if final is None:  # an error mid-request: free its rows, so the shared target stays usable
+                self.engine.cancel(request_id)
         wall = time.perf_counter() - start
-        stats = result.stats
+        stats = final.stats
         raw = stats.as_dict()
         raw["accepted_per_position"] = list(stats.accepted_per_position)
         raw["drafted_per_position"] = list(stats.drafted_per_position)
-        forward = {"target_s": self.target_timer.seconds, "prefill_s": self.target_timer.last_only_s,
-                   "verify_by_width": {str(w): [c, s] for w, (c, s) in sorted(self.target_timer.by_width.items())},
-                   "draft_model_s": sum(t.seconds for t in self.draft_timers)}
+        forward = {"target_s": target + prefill, "prefill_s": prefill,
+                   "verify_by_width": {str(w): [c, s] for w, (c, s) in sorted(by_width.items())},
+                   "draft_model_s": draft_model}
         forward["model_s"] = forward["target_s"] + forward["draft_model_s"]
-        steps, self.steps = self.steps, None
-        return {"new_tokens": stats.new_tokens, "wall_time_s": wall, "token_ids": list(result.token_ids),
-                "stats": raw, "steps": steps, "forward": forward}
+        return {"new_tokens": len(tokens), "wall_time_s": wall, "token_ids": tokens, "stats": raw,
+                "steps": steps, "forward": forward}
 
 
 def encode_all(prompts: list[BenchPrompt], tokenizer) -> list[list[int]]:

@@ -1,80 +1,209 @@
 """The drafter interface: anything that guesses the next tokens.
 
-Life cycle (one generation request, possibly a batch of rows):
-``begin(prompts, sampling, generator)`` once; then per step ``propose(sequences, max_tokens)``
-returns a :class:`Draft` and ``feedback(accepted_lengths)`` tells what the target kept.
-A drafter keeps its own state (its own KV cache, tables, ...) and never touches the target's.
+Life cycle (llama.cpp's, per request): the engine calls :meth:`Drafter.start` when requests join
+the batch, :meth:`Drafter.propose` at every step for the requests that use this drafter (each with
+its whole sequence so far and how many tokens it may draft), and :meth:`Drafter.finish` when
+requests leave (joins and leaves come in groups, so a model-based drafter prefills or frees them
+in one go). What the target kept is visible in the next call's sequences, so no feedback call
+is needed. A drafter keeps its own state (its own KV cache, tables, ...) per request and never
+touches the target's.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
+from genspec.models.base import CausalLM, PrefixKV
 from genspec.sampling import SamplingConfig
 
 
-@dataclass
-class Draft:
-    """Proposed continuations, one chain per row.
+@dataclass(frozen=True)
+class RequestContext:
+    """What a drafter knows of a request when it joins.
 
-    tokens: ``[B, k]`` (padding beyond ``lengths`` is arbitrary); lengths: ``[B]``;
-    probs: ``[B, k, V]`` the (processed) draft law each token was drawn from, or None when the drafter
+    ``generator`` is the request's own random stream for drafting (a seeded request drafts the same
+    whatever else is in the batch); ``options`` are per-request drafter options, among the drafter's
+    :attr:`Drafter.request_options`.
+    """
+
+    request_id: int
+    prompt: list[int]
+    sampling: SamplingConfig = SamplingConfig()
+    generator: torch.Generator | None = None
+    options: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """One row of a :meth:`Drafter.propose` call: propose up to ``max_tokens`` tokens after ``sequence``
+    (prompt and generated tokens so far). ``max_tokens`` may be 0 (nothing wanted from this row)."""
+
+    request_id: int
+    sequence: list[int]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed continuations: ``M`` candidate chains per row (M = 1: a single chain).
+
+    tokens: ``[B, M, k]`` (padding beyond ``lengths`` is arbitrary); lengths: ``[B, M]``;
+    probs: ``[B, M, k, V]`` the (processed) draft law each token was drawn from, or None when the drafter
     is deterministic (its law is the point mass on the token; lossless verification still holds).
+    Chains with M > 1 are independent candidates (draws, or distinct lookups); identical prefixes are
+    merged into one tree node for the target pass, but each chain stays a candidate for the verifier.
     evidence: optional, per row, a small hashable grade of how well the proposal is backed (prompt
     lookup: the matched n-gram length); the cost-aware draft length learns acceptance per grade.
+    A draft is never changed in place: :meth:`clipped` returns a new one.
     """
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     probs: torch.Tensor | None = None
-    evidence: list | None = None
+    evidence: tuple | None = None
 
     @classmethod
-    def from_lists(cls, proposals: list[list[int]], device=None) -> "Draft":
-        width = max((len(p) for p in proposals), default=0)
-        tokens = torch.zeros(len(proposals), width, dtype=torch.long, device=device)
-        for row, proposal in enumerate(proposals):
-            if proposal:
-                tokens[row, :len(proposal)] = torch.as_tensor(proposal, dtype=torch.long, device=device)
-        lengths = torch.tensor([len(p) for p in proposals], dtype=torch.long, device=device)
-        return cls(tokens, lengths)
+    def empty(cls, batch: int) -> "Draft":
+        return cls(torch.zeros(batch, 1, 0, dtype=torch.long), torch.zeros(batch, 1, dtype=torch.long))
+
+    @classmethod
+    def from_chains(cls, chains: list[list[list[int]]], num_chains: int = 1, evidence: list | None = None) -> "Draft":
+        """A deterministic draft from per-row lists of up to ``num_chains`` candidate chains (token lists;
+        missing chains have length 0), built with one tensor call (filling rows one by one costs three
+        times as much, which matters at a few microseconds per step)."""
+        rows = [row[:num_chains] + [[]] * (num_chains - len(row[:num_chains])) for row in chains]
+        width = max((len(c) for row in rows for c in row), default=0)
+        tokens = torch.tensor([[c + [0] * (width - len(c)) for c in row] for row in rows], dtype=torch.long)
+        lengths = torch.tensor([[len(c) for c in row] for row in rows], dtype=torch.long)
+        return cls(tokens.reshape(len(rows), num_chains, width), lengths.reshape(len(rows), num_chains),
+                   evidence=None if evidence is None else tuple(evidence))
+
+    @property
+    def batch(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_chains(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[2])
+
+    def evidence_of(self, row: int):
+        return None if self.evidence is None else self.evidence[row]
+
+    def proposed(self) -> list[bool]:
+        """Per row: was anything proposed?"""
+        return (self.lengths.amax(dim=1) > 0).tolist()
+
+    def first_chain(self, row: int) -> list[int]:
+        return self.tokens[row, 0, :int(self.lengths[row, 0])].tolist()
+
+    def clipped(self, limits: list[int]) -> "Draft":
+        """The draft cut to ``limits[b]`` tokens per chain of row b (and to the longest chain left)."""
+        lengths = torch.minimum(self.lengths, torch.tensor(limits, dtype=torch.long).unsqueeze(1))
+        width = int(lengths.max()) if lengths.numel() else 0
+        probs = None if self.probs is None else self.probs[:, :, :width]
+        return Draft(self.tokens[:, :, :width], lengths, probs, self.evidence)
+
+    def drafted_tokens(self) -> list[int]:
+        """Per row: draft tokens sent to the target (tree nodes: shared prefixes counted once)."""
+        if self.num_chains == 1:
+            return self.lengths[:, 0].tolist()
+        return [len(nodes) for nodes, _ in self._trees()]
+
+    def _trees(self):
+        """Per row: the merged tree's nodes ``[(parent, token), ...]`` (node i + 1 of the block; node 0 is
+        the last committed token) and, per chain, its node index per depth."""
+        out = []
+        for b in range(self.batch):
+            nodes, index, paths = [], {}, []
+            for m in range(self.num_chains):
+                parent, path = 0, []
+                for d in range(int(self.lengths[b, m])):
+                    key = (parent, int(self.tokens[b, m, d]))
+                    if key not in index:
+                        nodes.append(key)
+                        index[key] = len(nodes)
+                    parent = index[key]
+                    path.append(parent)
+                paths.append(path)
+            out.append((nodes, paths))
+        return out
+
+    def block(self, last_tokens: list[int], active: list[bool]) -> "DraftBlock":
+        """The target's verify block: per row ``[last token, draft nodes...]`` (inactive rows: nothing)."""
+        batch, k = self.batch, self.width
+        lengths = self.lengths * torch.tensor(active, dtype=torch.long).unsqueeze(1)
+        last = torch.tensor(last_tokens, dtype=torch.long).unsqueeze(1)
+        if self.num_chains == 1:  # a chain: causal block, no tree mask
+            valid = torch.arange(k + 1).unsqueeze(0) <= lengths[:, 0].unsqueeze(1)
+            valid &= torch.tensor(active).unsqueeze(1)
+            return DraftBlock(torch.cat([last, self.tokens[:, 0]], dim=1), valid, None, None, lengths)
+        trees = Draft(self.tokens, lengths)._trees()
+        width = 1 + max(len(nodes) for nodes, _ in trees)
+        tokens = torch.zeros(batch, width, dtype=torch.long)
+        valid = torch.zeros(batch, width, dtype=torch.bool)
+        tree_mask = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)
+        node_of = torch.zeros(batch, self.num_chains, k, dtype=torch.long)
+        for b, (nodes, paths) in enumerate(trees):
+            tokens[b, 0], valid[b, 0] = last_tokens[b], active[b]
+            for i, (parent, token) in enumerate(nodes, start=1):
+                tokens[b, i], valid[b, i] = token, True
+                tree_mask[b, i] |= tree_mask[b, parent]
+            for m, path in enumerate(paths):
+                node_of[b, m, :len(path)] = torch.tensor(path, dtype=torch.long)
+        return DraftBlock(tokens, valid, tree_mask, node_of, lengths)
 
 
-@dataclass
-class TreeDraft:
-    """Several candidate chains per row (multi-draft), verified together as a token tree.
+@dataclass(frozen=True)
+class DraftBlock:
+    """A draft laid out for the target's verify pass: ``tokens`` / ``valid`` ``[B, N]`` (node 0: the last
+    committed token), ``tree_mask`` ``[B, N, N]`` (None for a chain), ``node_of`` ``[B, M, k]`` the
+    node of each chain token (None for a chain: token d at node d + 1), ``lengths`` ``[B, M]``."""
 
-    chains: ``[B, M, k]`` tokens of M candidate chains; lengths: ``[B, M]``; probs: ``[B, M, k, V]``
-    the draft law each token was drawn from, or None (deterministic candidates). Chains are
-    independent draws; identical prefixes are merged into one tree node for the target pass, but
-    every chain stays a separate candidate for the recursive residual verifier. evidence: as in
-    :class:`Draft` (for the first chain).
-    """
-
-    chains: torch.Tensor
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    tree_mask: torch.Tensor | None
+    node_of: torch.Tensor | None
     lengths: torch.Tensor
-    probs: torch.Tensor | None = None
-    evidence: list | None = None
 
 
 class Drafter(ABC):
     """Base class of every speculator. Subclasses set ``name`` and implement :meth:`propose`."""
 
     name: str = "drafter"
-    #: True if proposals are deterministic (no probs), e.g. lookup drafters
-    deterministic: bool = False
+    #: proposing costs next to nothing (no model runs): the engine lets it propose before the draft-length
+    #: policy decides, so the policy can weigh the proposal's evidence, and scores unverified proposals
+    free: bool = False
+    #: most candidate chains per row in a :class:`Draft` (1: always a single chain)
+    max_candidates: int = 1
+    #: per-request options a request may pass (``GenerationConfig.drafter_options``)
+    request_options: tuple[str, ...] = ()
 
-    def begin(self, prompts: list[list[int]], sampling: SamplingConfig,
-              generator: torch.Generator | None = None) -> None:
-        """Start a request: ``prompts`` are the token lists of the batch rows."""
-        self.sampling = sampling
-        self.generator = generator
+    @classmethod
+    def for_target(cls, target: CausalLM, **options) -> "Drafter":
+        """Build this drafter for ``target`` with user options (the registry's factory, so
+        ``genspec.load(drafter=NAME, **options)`` and ``-O KEY=VALUE`` reach it)."""
+        return cls(**options)
+
+    def start(self, contexts: list[RequestContext]) -> None:
+        """Requests join the batch."""
+
+    def finish(self, request_ids: list[int]) -> None:
+        """Requests left the batch (finished or cancelled): forget their state."""
 
     @abstractmethod
-    def propose(self, sequences: list[list[int]], max_tokens: list[int]) -> Draft | TreeDraft:
-        """Propose up to ``max_tokens[b]`` tokens continuing ``sequences[b]`` (all tokens so far)."""
+    def propose(self, requests: list[DraftRequest]) -> Draft:
+        """One :class:`Draft` row per request, in the order given."""
 
-    def feedback(self, accepted_lengths: list[int]) -> None:
-        """How many proposed tokens the target kept, per row (after the last :meth:`propose`)."""
+    def verify_prefix(self, target: CausalLM, requests: list[DraftRequest], block: torch.Tensor,
+                      valid: torch.Tensor) -> PrefixKV | None:
+        """Optionally, the first layers of the target's verify ``block`` ``[B, n]`` (rows as in
+        ``requests``), already computed while drafting (early exit: the draft *is* those layers).
+        None (the default): the target runs every layer."""
+        return None

@@ -1,31 +1,25 @@
 """A separate (smaller) language model with the target's tokenizer drafts autoregressively.
 
-The draft model keeps its own KV cache. Before drafting it syncs with the committed sequence the
-llama.cpp way: keep the longest common prefix of what it holds and what the target committed,
-drop the rest, and feed the difference in one ragged block.
+The draft model keeps its own KV cache, one row per request (a request's prompt is prefilled when it
+joins). Before drafting it syncs each row with the committed sequence the llama.cpp way: keep the
+longest common prefix of what it holds and what the target committed, drop the rest, and feed the
+difference in one ragged block. Each row samples with its request's settings and random stream.
 
 Hierarchical speculation (TriForce-style): with an ``inner`` drafter the draft model's own drafting
 is speculative too: the inner drafter proposes, the draft model verifies with the same lossless
-rules, and every token it emits is an exact sample of its own law, which is passed up as the draft
-law. Drafters stack to any depth (an inner drafter may itself have an inner drafter).
+rules (:func:`genspec.acceptance.verify`), and every token it emits is an exact sample of its own
+law, which is passed up as the draft law. Drafters stack to any depth.
 """
 from __future__ import annotations
 
 import torch
 
-from genspec.acceptance import verify_chain, verify_greedy
-from genspec.drafters.base import Draft, Drafter, TreeDraft
+from genspec.acceptance import sample_with_uniforms, verify
+from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
+from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
-from genspec.models.base import CausalLM
+from genspec.models.base import CausalLM, PrefixKV
 from genspec.sampling import apply_repetition_penalty, block_seen_mask, process_logits, seen_mask
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def _ragged(chunks: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,39 +38,73 @@ class DraftModelDrafter(Drafter):
 
     ``num_drafts`` > 1 samples that many independent chains (multi-draft, verified as a tree);
     ``confidence_threshold`` stops a row's draft at the first token whose draft probability is below
-    it (Hugging Face's assistant_confidence_threshold); ``inner`` makes drafting hierarchical.
+    it (Hugging Face's assistant_confidence_threshold); ``inner`` makes drafting hierarchical;
+    ``reuse_layers`` (early exit) hands the layers the draft computed to the target's verify pass.
     """
 
     name = "draft-model"
 
     def __init__(self, model: CausalLM, num_drafts: int = 1, confidence_threshold: float = 0.0,
-                 inner: Drafter | None = None):
-        if num_drafts < 1:
-            raise ConfigError(f"num_drafts must be >= 1, got {num_drafts}")
+                 inner: Drafter | None = None, reuse_layers: bool = True):
+        if int(num_drafts) != num_drafts or num_drafts < 1:
+            raise ConfigError(f"num_drafts must be an integer >= 1, got {num_drafts}")
         if not 0.0 <= confidence_threshold < 1.0:
             raise ConfigError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         self.model = model
-        self.num_drafts = num_drafts
+        self.max_candidates = int(num_drafts)
         self.confidence_threshold = confidence_threshold
         self.inner = inner
-        self._held: list[list[int]] = []
+        self.reuse_layers = reuse_layers
+        self._order: list[int] = []  # request ids, in the model's row order
+        self._held: dict[int, list[int]] = {}  # the tokens each row holds in the model's cache
+        self._contexts: dict[int, RequestContext] = {}
+        model.reset(0)
 
-    def begin(self, prompts, sampling, generator=None):
-        super().begin(prompts, sampling, generator)
-        self.model.reset(len(prompts))
-        self._held = [[] for _ in prompts]
+    @classmethod
+    def for_target(cls, target: CausalLM, draft_model: str | CausalLM | None = None, num_drafts: int = 1,
+                   confidence_threshold: float = 0.0) -> "DraftModelDrafter":
+        """``draft_model``: a local model directory (or a loaded :class:`CausalLM`) sharing the target's
+        tokenizer."""
+        if draft_model is None:
+            raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
+        if not isinstance(draft_model, CausalLM):
+            from genspec.models.hf import HFCausalLM
+
+            draft_model = HFCausalLM.from_pretrained(draft_model)
+        if draft_model.vocab_size != target.vocab_size:
+            raise ConfigError(f"draft and target vocabularies differ ({draft_model.vocab_size} vs "
+                              f"{target.vocab_size}); they must share the tokenizer")
+        return cls(draft_model, num_drafts=num_drafts, confidence_threshold=confidence_threshold)
+
+    # --------------------------------------------------------------- life cycle
+    def start(self, contexts: list[RequestContext]) -> None:
+        self.model.add_rows([list(c.prompt[:-1]) for c in contexts])  # one prefill for all that join
+        for context in contexts:
+            self._order.append(context.request_id)
+            self._held[context.request_id] = list(context.prompt[:-1])
+            self._contexts[context.request_id] = context
         if self.inner is not None:
-            self.inner.begin(prompts, sampling, generator)
+            self.inner.start(contexts)
 
-    # --------------------------------------------------------------- helpers
+    def finish(self, request_ids: list[int]) -> None:
+        gone = set(request_ids) & set(self._held)
+        self.model.remove_rows([row for row, i in enumerate(self._order) if i in gone])
+        self._order = [i for i in self._order if i not in gone]
+        for request_id in gone:
+            del self._held[request_id], self._contexts[request_id]
+        if self.inner is not None:
+            self.inner.finish(request_ids)
+
+    # --------------------------------------------------------------- helpers (rows in the model's order)
     def _sync(self, sequences: list[list[int]], active: list[bool], logits: bool = True) -> torch.Tensor | None:
-        """Bring the model's cache to ``sequences``; return the logits ``[B, V]`` of the next token
+        """Bring the model's cache to ``sequences``; return the logits ``[R, V]`` of the next token
         (then the last token is always fed again, for its logits), or None with ``logits=False``."""
-        keep = [min(_common_prefix(held, seq), len(seq) - (1 if logits else 0))
-                for held, seq in zip(self._held, sequences)]
+        held = [self._held[i] for i in self._order]
+        keep = [min(common_prefix_length(h, seq), len(seq) - (1 if logits else 0)) for h, seq in zip(held, sequences)]
         self.model.truncate(torch.tensor(keep, dtype=torch.long))
         new = [seq[k:] if on else [] for seq, k, on in zip(sequences, keep, active)]
-        self._held = [seq[:k] + chunk for seq, k, chunk in zip(sequences, keep, new)]
+        for request_id, seq, k, chunk in zip(self._order, sequences, keep, new):
+            self._held[request_id] = seq[:k] + chunk
         if not logits and not any(new):
             return None
         tokens, valid = _ragged(new)
@@ -88,139 +116,162 @@ class DraftModelDrafter(Drafter):
         self.model.commit_all(valid)
         return out
 
-    def _scores(self, logits: torch.Tensor, sequences: list[list[int]], block: torch.Tensor | None = None):
-        """Repetition-penalised logits (``[B, V]``, or ``[B, n, V]`` for a block after ``sequences``)."""
-        if self.sampling.repetition_penalty == 1.0:
-            return logits
-        seen = seen_mask(sequences, logits.shape[-1], logits.device)
-        if block is not None:
-            seen = block_seen_mask(seen, block)
-        return apply_repetition_penalty(logits, seen, self.sampling.repetition_penalty)
+    @staticmethod
+    def _uniforms(contexts: list[RequestContext], count: int, drawing: list[bool]) -> torch.Tensor:
+        """``[R, count]`` uniforms, each row from its request's draft generator; only rows that are drawing
+        and sampled consume any (so a row's stream does not depend on its neighbours)."""
+        out = torch.zeros(len(contexts), count, dtype=torch.float64)
+        for row, context in enumerate(contexts):
+            if drawing[row] and not context.sampling.greedy:
+                out[row] = torch.rand(count, generator=context.generator, dtype=torch.float64)
+        return out
 
-    def _choose(self, scores: torch.Tensor):
-        """A token per row from scores ``[B, V]`` and the law it was drawn from (greedy: one-hot)."""
-        probs = process_logits(scores, self.sampling)
-        if self.sampling.greedy:
-            return scores.argmax(-1), probs
-        return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1), probs
+    def _choose(self, logits: torch.Tensor, seen: torch.Tensor | None, contexts: list[RequestContext],
+                drawing: list[bool]):
+        """A token per row from logits ``[R, V]``, the law it was drawn from, and whether it is confident."""
+        sampling = [c.sampling for c in contexts]
+        probs = process_logits(logits, sampling, seen)
+        greedy = torch.tensor([s.greedy for s in sampling])
+        uniforms = self._uniforms(contexts, 1, drawing)[:, 0]
+        tokens = torch.where(greedy, probs.argmax(-1), sample_with_uniforms(probs, uniforms))
+        return tokens, probs, self._confident(logits, seen, tokens, probs, contexts)
 
-    def _confident(self, probs: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    def _confident(self, logits, seen, tokens, probs, contexts) -> list[bool]:
+        """Per row: is the drawn token's probability at least ``confidence_threshold``? (Greedy laws are
+        one-hot: those rows are judged by the softmax of their penalised logits.)"""
         if self.confidence_threshold <= 0:
-            return torch.ones_like(tokens, dtype=torch.bool)
-        if self.sampling.greedy:  # the processed greedy law is one-hot; judge the raw softmax instead
-            probs = scores.float().softmax(-1)
-        return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) >= self.confidence_threshold
+            return [True] * len(contexts)
+        if probs is None:
+            probs = process_logits(logits, [c.sampling for c in contexts], seen)
+        if seen is not None:
+            logits = apply_repetition_penalty(logits, seen, [c.sampling.repetition_penalty for c in contexts])
+        raw = logits.float().softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        drawn = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(raw.dtype)
+        greedy = torch.tensor([c.sampling.greedy for c in contexts])
+        return (torch.where(greedy, raw, drawn) >= self.confidence_threshold).tolist()
 
-    def _draft_chain(self, sequences, max_tokens) -> Draft:
-        """One chain per row. Each round feeds ``[pending, inner drafts...]``; without an inner drafter
-        that is one token, i.e. plain autoregressive drafting."""
+    def _seen(self, contexts, sequences, vocab: int, block: torch.Tensor | None = None):
+        if all(c.sampling.repetition_penalty == 1.0 for c in contexts):
+            return None
+        seen = seen_mask(sequences, vocab)
+        return seen if block is None else block_seen_mask(seen, block)
+
+    def _draft_chain(self, sequences: list[list[int]], need: list[int]) -> Draft:
+        """One chain per model row. Each round feeds ``[pending, inner drafts...]``; without an inner
+        drafter that is one token, i.e. plain autoregressive drafting."""
         batch = len(sequences)
-        need = list(max_tokens)
+        contexts = [self._contexts[i] for i in self._order]
+        sampling = [c.sampling for c in contexts]
+        greedy = all(s.greedy for s in sampling)  # then no law is kept: verification is token match
         out_tokens: list[list[int]] = [[] for _ in range(batch)]
         out_laws: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         current = [list(s) for s in sequences]
-        scores = self._scores(self._sync(sequences, [n > 0 for n in need]), current)
-        pending, pending_law = self._choose(scores)
-        running = [n > 0 for n in need]
-        confident = self._confident(pending_law, pending, scores)
-        for row in range(batch):
-            running[row] = running[row] and bool(confident[row])
+        logits = self._sync(sequences, [n > 0 for n in need])
+        drawing = [n > 0 for n in need]
+        pending, pending_law, confident = self._choose(logits, self._seen(contexts, current, logits.shape[-1]),
+                                                       contexts, drawing)
+        running = [on and ok for on, ok in zip(drawing, confident)]
+        rows = torch.arange(batch)
         while True:
             for row in range(batch):  # emit the pending token of every running row
                 if running[row]:
                     out_tokens[row].append(int(pending[row]))
-                    out_laws[row].append(pending_law[row])
+                    if not greedy:
+                        out_laws[row].append(pending_law[row])
                     current[row].append(int(pending[row]))
                     running[row] = len(out_tokens[row]) < need[row]
             if not any(running):
                 break
+            drawing = list(running)
             room = [need[r] - len(out_tokens[r]) - 1 if running[r] else 0 for r in range(batch)]
             inner = self._inner_proposal(current, room)
-            chunks = [[int(pending[r])] + inner.tokens[r, :int(inner.lengths[r])].tolist() if running[r] else []
-                      for r in range(batch)]
+            chunks = [[int(pending[r])] + inner.first_chain(r) if running[r] else [] for r in range(batch)]
             block, valid = _ragged(chunks)
             # the pending token (block[0]) is already in ``current``; the seen-mask adds the proposals
-            logits = self.model.forward(block, valid)
-            block_scores = self._scores(logits, current, block)
-            accepted, pending, pending_law = self._verify_inner(inner, block_scores, valid)
-            keep = torch.arange(block.shape[1]).expand(batch, -1)
-            keep = torch.where((keep <= accepted.unsqueeze(1)) & valid[:, :1], keep, -1)
-            self.model.keep_block(keep)
+            block_logits = self.model.forward(block, valid)
+            seen = self._seen(contexts, current, block_logits.shape[-1], block)
+            width = block.shape[1] - 1
+            verdict = verify(block[:, 1:].unsqueeze(1), valid[:, 1:].sum(1, keepdim=True), block_logits, sampling,
+                             draft_probs=None if inner.probs is None else inner.probs[:, :, :width], seen=seen,
+                             accept_uniforms=self._uniforms(contexts, width, drawing).unsqueeze(-1),
+                             sample_uniforms=self._uniforms(contexts, width + 1, drawing))
+            accepted = verdict.accepted_length
+            self.model.keep_block(torch.where(valid[:, :1], verdict.path, torch.full_like(verdict.path, -1)))
+            laws = None if greedy else process_logits(block_logits, sampling, seen)  # [R, n, V]
             for r in range(batch):
                 if not running[r]:
                     continue
-                self._held[r] = self._held[r] + chunks[r][:int(accepted[r]) + 1]
+                self._held[self._order[r]] = self._held[self._order[r]] + chunks[r][:int(accepted[r]) + 1]
                 for i in range(int(accepted[r])):  # accepted inner proposals are emitted with their laws
                     if len(out_tokens[r]) >= need[r]:
                         break
-                    token = chunks[r][1 + i]
-                    out_tokens[r].append(token)
-                    out_laws[r].append(process_logits(block_scores[r, i], self.sampling))
-                    current[r].append(token)
+                    out_tokens[r].append(chunks[r][1 + i])
+                    if not greedy:
+                        out_laws[r].append(laws[r, i])
+                    current[r].append(chunks[r][1 + i])
                 running[r] = len(out_tokens[r]) < need[r]
-            confident = self._confident(pending_law, pending, block_scores[torch.arange(batch), accepted])
-            running = [run and bool(ok) for run, ok in zip(running, confident)]
+            pending = verdict.next_token
+            pending_law = None if greedy else laws[rows, accepted]
+            confident = self._confident(block_logits[rows, accepted], None if seen is None else seen[rows, accepted],
+                                        pending, pending_law, contexts)
+            running = [run and ok for run, ok in zip(running, confident)]
+        return self._as_draft(out_tokens, out_laws)
+
+    @staticmethod
+    def _as_draft(out_tokens: list[list[int]], out_laws: list[list[torch.Tensor]]) -> Draft:
+        """A one-chain draft; with laws (a sampled batch), ``probs`` ``[R, 1, k, V]``."""
         tokens, _ = _ragged(out_tokens)
+        tokens = tokens[:, :max((len(t) for t in out_tokens), default=0)]
         lengths = torch.tensor([len(t) for t in out_tokens], dtype=torch.long)
         probs = None
-        if not self.sampling.greedy and any(out_laws):
-            width = tokens.shape[1]
-            probs = torch.zeros(batch, width, scores.shape[-1], dtype=scores.dtype if scores.is_floating_point()
-                                else torch.float32)
-            for r, laws in enumerate(out_laws):
-                if laws:
-                    probs[r, :len(laws)] = torch.stack(laws)
-        return Draft(tokens, lengths, probs)
+        if any(out_laws):
+            laws = [law for row in out_laws for law in row]
+            probs = torch.zeros(len(out_tokens), tokens.shape[1], laws[0].shape[-1], dtype=laws[0].dtype)
+            for r, row in enumerate(out_laws):
+                if row:
+                    probs[r, :len(row)] = torch.stack(row)
+        return Draft(tokens.unsqueeze(1), lengths.unsqueeze(1), None if probs is None else probs.unsqueeze(1))
 
-    def _inner_proposal(self, current, room) -> Draft:
+    def _inner_proposal(self, current: list[list[int]], room: list[int]) -> Draft:
         if self.inner is None or not any(room):
-            return Draft(torch.zeros(len(current), 0, dtype=torch.long), torch.zeros(len(current), dtype=torch.long))
-        proposal = self.inner.propose(current, room)
-        if isinstance(proposal, TreeDraft):
+            return Draft.empty(len(current))
+        proposal = self.inner.propose([DraftRequest(i, seq, n) for i, seq, n in zip(self._order, current, room)])
+        if proposal.num_chains != 1:
             raise ConfigError("a hierarchical level needs a chain drafter as its inner drafter")
         return proposal
 
-    def _verify_inner(self, inner: Draft, block_scores: torch.Tensor, valid: torch.Tensor):
-        """Verify the inner drafter's tokens against this model; returns accepted counts ``[B]``, the
-        next token per row (an exact sample of this model's law) and that law ``[B, V]``."""
-        batch = block_scores.shape[0]
-        width = int(inner.lengths.max()) if inner.tokens.numel() else 0
-        drafts, lengths = inner.tokens[:, :width], inner.lengths * valid[:, 0].long()
-        rows = torch.arange(batch)
-        if self.sampling.greedy:
-            verdict = verify_greedy(drafts, block_scores[:, :width + 1].argmax(-1), lengths)
-            law = process_logits(block_scores[rows, verdict.accepted_length], self.sampling)
-            return verdict.accepted_length, verdict.next_token, law
-        probs = process_logits(block_scores[:, :width + 1], self.sampling)
-        inner_probs = None if inner.probs is None else inner.probs[:, :width]
-        verdict = verify_chain(drafts, probs, inner_probs, lengths, generator=self.generator)
-        return verdict.accepted_length, verdict.next_token, probs[rows, verdict.accepted_length]
-
     # --------------------------------------------------------------- interface
-    def propose(self, sequences, max_tokens):
-        if self.num_drafts == 1 or self.sampling.greedy:
-            return self._draft_chain(sequences, max_tokens)
-        chains = [self._draft_chain(sequences, max_tokens) for _ in range(self.num_drafts)]
-        width = max(c.tokens.shape[1] for c in chains)
-        tokens = torch.stack([torch.nn.functional.pad(c.tokens, (0, width - c.tokens.shape[1])) for c in chains], 1)
-        probs = None
-        if chains[0].probs is not None:
-            probs = torch.stack([torch.nn.functional.pad(c.probs, (0, 0, 0, width - c.probs.shape[1]))
-                                 for c in chains], 1)
-        return TreeDraft(tokens, torch.stack([c.lengths for c in chains], dim=1), probs)
+    def propose(self, requests: list[DraftRequest]) -> Draft:
+        by_id = {r.request_id: r for r in requests}
+        unknown = [r for r in requests if r.request_id not in self._held]
+        if unknown:  # proposed for without start: its sequence is its prompt
+            self.start([RequestContext(r.request_id, list(r.sequence)) for r in unknown])
+        sequences = [by_id[i].sequence if i in by_id else self._held[i] for i in self._order]
+        need = [by_id[i].max_tokens if i in by_id else 0 for i in self._order]
+        contexts = [self._contexts[i] for i in self._order]
+        if self.max_candidates == 1 or all(c.sampling.greedy for c in contexts):
+            draft = self._draft_chain(sequences, need)
+        else:
+            chains = [self._draft_chain(sequences, need) for _ in range(self.max_candidates)]
+            width = max(c.width for c in chains)
+            tokens = torch.cat([torch.nn.functional.pad(c.tokens, (0, width - c.width)) for c in chains], 1)
+            probs = None
+            if chains[0].probs is not None:
+                probs = torch.cat([torch.nn.functional.pad(c.probs, (0, 0, 0, width - c.width)) for c in chains], 1)
+            draft = Draft(tokens, torch.cat([c.lengths for c in chains], dim=1), probs)
+        row_of = {request_id: row for row, request_id in enumerate(self._order)}
+        order = torch.tensor([row_of[r.request_id] for r in requests], dtype=torch.long)
+        return Draft(draft.tokens[order], draft.lengths[order], None if draft.probs is None else draft.probs[order])
 
-    def verify_prefix(self, target, sequences: list[list[int]], block: torch.Tensor, valid: torch.Tensor):
+    def verify_prefix(self, target: CausalLM, requests: list[DraftRequest], block: torch.Tensor,
+                      valid: torch.Tensor) -> PrefixKV | None:
         """For an early-exit draft of ``target``: the first layers of the verify block ``[last, drafts]``,
-        already computed while drafting (only the last draft token is still fed), as a
-        :class:`genspec.models.hf.PrefixKV`; None when this drafter cannot provide them."""
-        if getattr(self.model, "source", None) is not target or not hasattr(self.model, "prefix_kv"):
+        already computed while drafting (only the last draft token is still fed)."""
+        if (not self.reuse_layers or not self.model.shares_prefix_with(target)
+                or [r.request_id for r in requests] != self._order):
             return None
         lengths = valid.sum(1).tolist()
-        needed = [seq + block[r, 1:lengths[r]].tolist() for r, seq in enumerate(sequences)]
+        needed = [r.sequence + block[i, 1:lengths[i]].tolist() for i, r in enumerate(requests)]
         self._sync(needed, [n > 0 for n in lengths], logits=False)
-        start = torch.tensor([len(seq) - 1 for seq in sequences], dtype=torch.long)
-        return self.model.prefix_kv(start, valid)
-
-    def feedback(self, accepted_lengths):
-        if self.inner is not None:
-            self.inner.feedback(accepted_lengths)
+        start = torch.tensor([len(r.sequence) - 1 for r in requests], dtype=torch.long)
+        return self.model.prefix_for(target, start, valid)

@@ -29,9 +29,9 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from genspec.drafters.base import Drafter
-from genspec.drafters.prompt_lookup import NGramIndex, candidates_draft, candidates_option, check_candidates, \
-    check_ngram_range, copy_forward
+from genspec.drafters.base import RequestContext
+from genspec.drafters.candidates import CandidateDrafter
+from genspec.drafters.ngrams import NGramIndex, check_ngram_range, copy_forward
 from genspec.errors import ConfigError
 from genspec.textfiles import read_utf8_text
 
@@ -59,68 +59,58 @@ def read_source_file(path: str | Path) -> str:
     return read_utf8_text(path, "edit source file")
 
 
-class EditDrafter(Drafter):
+class EditDrafter(CandidateDrafter):
     """Input-guided aggressive decoding with re-alignment.
 
-    ``source``: the text to align to, as token ids: one list for every row, a list of lists (one per
-    row), or None (each row's prompt). Options: ``max_ngram`` / ``min_ngram`` n-gram sizes used to
-    re-align; ``far_ngram`` the shortest n-gram allowed to re-align farther than ``window`` tokens
-    from the expected position; ``num_candidates`` > 1 adds, after a mismatch, other alignments
-    (other matches; insertion, deletion, substitution guesses) as a tree.
+    ``source``: the token ids to align to, for every request (None: each request's prompt). A request
+    may bring its own with the per-request option ``source`` (token ids, or text when the drafter has
+    a ``tokenizer``). Options: ``max_ngram`` / ``min_ngram`` n-gram sizes used to re-align;
+    ``far_ngram`` the shortest n-gram allowed to re-align farther than ``window`` tokens from the
+    expected position; ``num_candidates`` > 1 adds, after a mismatch, other alignments (other matches;
+    insertion, deletion, substitution guesses) as a tree.
+    Evidence: the n-gram length that placed the pointer (``max_ngram + 1`` while copying the source).
     """
 
     name = "edit"
-    deterministic = True
+    request_options = ("source",)
 
-    def __init__(self, source: list[int] | list[list[int]] | None = None, max_ngram: int = 6, min_ngram: int = 1,
-                 far_ngram: int = 4, window: int = 32, num_candidates: int = 1):
+    def __init__(self, source: list[int] | None = None, max_ngram: int = 6, min_ngram: int = 1,
+                 far_ngram: int = 4, window: int = 32, num_candidates: int = 1, tokenizer=None):
         check_ngram_range(min_ngram, max_ngram, "edit re-alignment")
-        check_candidates(num_candidates)
-        if source is not None and not isinstance(source, (list, tuple)):
-            raise ConfigError("edit source must be token ids (a list, or a list of lists per row)")
-        self.per_row = bool(source) and isinstance(source[0], (list, tuple))
-        if source is not None and not self.per_row and not all(isinstance(t, int) for t in source):
-            raise ConfigError("edit source must be a list of token ids")
-        self.source = [list(s) for s in source] if self.per_row else (list(source) if source is not None else None)
+        super().__init__(num_candidates)
+        self.tokenizer = tokenizer
+        self.source = _as_token_ids(source, tokenizer)
         self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
         self.far_ngram, self.window = far_ngram, window
-        self.num_candidates = int(num_candidates)
-        self._rows: list[_Row] = []
         self._shared_index: NGramIndex | None = None
 
     @classmethod
     def for_target(cls, target, edit_source: str | list | None = None, edit_source_file: str | None = None,
                    **options) -> "EditDrafter":
-        """The registry's factory. ``edit_source``: text (tokenised with ``target``'s tokenizer), token
-        ids, or a list of either (one per row); ``edit_source_file``: a UTF-8 file with the text."""
+        """The registry's factory. ``edit_source``: text (tokenised with ``target``'s tokenizer) or token
+        ids; ``edit_source_file``: a UTF-8 file with the text."""
         if edit_source_file is not None:
             if edit_source is not None:
                 raise ConfigError("give the edit source as text or as a file, not both")
             edit_source = read_source_file(edit_source_file)
-        return cls(_as_token_ids(edit_source, getattr(target, "tokenizer", None)), **candidates_option(options))
+        return super().for_target(target, source=edit_source, tokenizer=target.tokenizer, **options)
 
-    def begin(self, prompts, sampling, generator=None):
-        super().begin(prompts, sampling, generator)
-        if self.per_row and len(self.source) != len(prompts):
-            raise ConfigError(f"{len(self.source)} edit sources for {len(prompts)} prompts")
-        self._rows = [self._new_row(prompt, b) for b, prompt in enumerate(prompts)]
-
-    def _new_row(self, prompt: list[int], b: int) -> _Row:
-        if self.per_row:
-            source = self.source[b] if b < len(self.source) else []
-        else:
-            source = self.source if self.source is not None else list(prompt)
-        row = _Row(source, self._index(source, shared=not self.per_row and self.source is not None), len(prompt))
-        if self.source is not None:  # the output starts by copying the source's beginning
-            row.pointers, row.seen, row.anchor = [0], len(prompt), 0
+    def new_row(self, context: RequestContext) -> _Row:
+        own = _as_token_ids(context.options.get("source"), self.tokenizer)
+        source = own if own is not None else self.source
+        row = _Row(list(source) if source is not None else list(context.prompt),
+                   self._index(source if source is not None else context.prompt, shared=own is None and source is not None),
+                   len(context.prompt))
+        if source is not None:  # the output starts by copying the source's beginning
+            row.pointers, row.seen, row.anchor = [0], len(context.prompt), 0
         return row
 
     def _index(self, source: list[int], shared: bool) -> NGramIndex:
-        """The source's n-gram index (one for all rows when they share the source: it is read-only)."""
+        """The source's n-gram index (one for all requests when they share the source: it is read-only)."""
         if shared and self._shared_index is not None:
             return self._shared_index
         index = NGramIndex(self.min_ngram, self.max_ngram)
-        index.sync(source + [_END])
+        index.sync(list(source) + [_END])
         if shared:
             self._shared_index = index
         return index
@@ -168,7 +158,7 @@ class EditDrafter(Drafter):
             found += [p for p in guesses if 0 <= p < len(row.source)]
         return list(dict.fromkeys(found))
 
-    def _row_candidates(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
+    def candidates(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
         """Candidate chains and the evidence behind the first: the n-gram length that placed it
         (``max_ngram + 1`` while the output keeps copying the source)."""
         pointers = self._locate(row, sequence)
@@ -204,25 +194,18 @@ class EditDrafter(Drafter):
                 return copy_forward(index.tokens, matches[-1], limit), n
         return [], 0
 
-    def propose(self, sequences, max_tokens):
-        if len(self._rows) != len(sequences):  # used without begin: no prompt, only a given source
-            self._rows = [self._new_row([], b) for b in range(len(sequences))]
-        return candidates_draft([self._row_candidates(row, seq, limit) if limit > 0 else ([], 0)
-                                 for row, seq, limit in zip(self._rows, sequences, max_tokens)],
-                                self.num_candidates)
 
-
-def _as_token_ids(source, tokenizer):
-    """Token ids of an edit source given as text, ids, or a list of those (one per row)."""
-    if source is None or (isinstance(source, list) and (not source or isinstance(source[0], int))):
-        return source
+def _as_token_ids(source, tokenizer) -> list[int] | None:
+    """Token ids of an edit source given as text or as ids."""
+    if source is None:
+        return None
     if isinstance(source, str):
         if tokenizer is None:
             raise ConfigError("a text edit source needs the model's tokenizer; pass token ids instead")
         return list(tokenizer(source, add_special_tokens=False)["input_ids"])
-    if isinstance(source, (list, tuple)) and source:
-        return [_as_token_ids(s, tokenizer) or [] for s in source]
-    raise ConfigError("edit source must be text, token ids, or a list of those (one per row)")
+    if isinstance(source, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in source):
+        return list(source)
+    raise ConfigError("edit source must be text or a list of token ids")
 
 
 def _common_prefix(source: list[int], start: int, tokens: list[int]) -> int:

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from genspec.drafters.base import Drafter
-from genspec.drafters.prompt_lookup import candidates_draft, candidates_option, check_candidates, \
-    common_prefix_length
+from genspec.drafters.base import RequestContext
+from genspec.drafters.candidates import CandidateDrafter
+from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
 
 
@@ -71,7 +71,15 @@ class _Pool:
         return chain
 
 
-class LookaheadDrafter(Drafter):
+class _Row:
+    """One request: its pool, and its last proposal (sequence length then, chains)."""
+
+    def __init__(self, ngram_size: int, pool_size: int):
+        self.pool = _Pool(ngram_size, pool_size)
+        self.last: tuple[int, list[list[int]]] = (0, [])
+
+
+class LookaheadDrafter(CandidateDrafter):
     """N-gram pool plus Jacobi trajectory (see the module docstring for what is and is not lookahead).
 
     Options: ``ngram_size`` N (pool n-grams hold N-1 draft tokens); ``pool_size`` n-grams kept per
@@ -79,36 +87,23 @@ class LookaheadDrafter(Drafter):
     """
 
     name = "lookahead"
-    deterministic = True
 
     def __init__(self, ngram_size: int = 4, pool_size: int = 8, num_candidates: int = 1):
         if int(ngram_size) != ngram_size or ngram_size < 2:
             raise ConfigError(f"lookahead ngram_size must be an integer >= 2, got {ngram_size}")
         if int(pool_size) != pool_size or pool_size < 1:
             raise ConfigError(f"lookahead pool_size must be an integer >= 1, got {pool_size}")
-        check_candidates(num_candidates)
+        super().__init__(num_candidates)
         self.ngram_size, self.pool_size = int(ngram_size), int(pool_size)
-        self.num_candidates = int(num_candidates)
-        self._pools: list[_Pool] = []
-        self._last: list[tuple[int, list[list[int]]]] = []  # per row: (sequence length, drafts)
 
-    @classmethod
-    def for_target(cls, target, **options) -> "LookaheadDrafter":
-        """The registry's factory (``genspec.load(drafter="lookahead", **options)``)."""
-        return cls(**candidates_option(options))
+    def new_row(self, context: RequestContext) -> _Row:
+        return _Row(self.ngram_size, self.pool_size)
 
-    def begin(self, prompts, sampling, generator=None):
-        super().begin(prompts, sampling, generator)
-        self._reset(len(prompts))
-
-    def _reset(self, batch: int) -> None:
-        self._pools = [_Pool(self.ngram_size, self.pool_size) for _ in range(batch)]
-        self._last = [(0, []) for _ in range(batch)]
-
-    def _trajectory(self, row: int, sequence: list[int], limit: int) -> list[int]:
+    @staticmethod
+    def _trajectory(row: _Row, sequence: list[int], limit: int) -> list[int]:
         """The rest of the draft the target corrected last step, after the correction (the guess a
         Jacobi iteration would start from); empty after a full acceptance."""
-        length, drafts = self._last[row]
+        length, drafts = row.last
         new = sequence[length:]
         for draft in drafts if new else []:
             accepted = len(new) - 1
@@ -116,19 +111,12 @@ class LookaheadDrafter(Drafter):
                 return draft[accepted + 1:accepted + 1 + limit]
         return []
 
-    def _row_candidates(self, row: int, sequence: list[int], limit: int) -> list[list[int]]:
-        pool = self._pools[row]
-        pool.sync(sequence)
-        chains = [pool.chain(gram, limit) for gram in pool.candidates(sequence[-1], self.num_candidates)]
+    def candidates(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[list[int]], None]:
+        row.pool.sync(sequence)
+        chains = [row.pool.chain(gram, limit) for gram in row.pool.candidates(sequence[-1], self.num_candidates)]
         if self.num_candidates > 1:
             guess = self._trajectory(row, sequence, limit)
             if guess and guess not in chains:
                 chains = chains[:self.num_candidates - 1] + [guess]
-        self._last[row] = (len(sequence), chains)
-        return chains
-
-    def propose(self, sequences, max_tokens):
-        if len(self._pools) != len(sequences):  # used without begin
-            self._reset(len(sequences))
-        return candidates_draft([(self._row_candidates(b, seq, limit) if limit > 0 else [], None)
-                                 for b, (seq, limit) in enumerate(zip(sequences, max_tokens))], self.num_candidates)
+        row.last = (len(sequence), chains)
+        return chains, None

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from genspec.drafters.base import Drafter
-from genspec.drafters.prompt_lookup import chain_from_lists, check_ngram_range, common_prefix_length
+from genspec.drafters.base import RequestContext
+from genspec.drafters.candidates import CandidateDrafter
+from genspec.drafters.ngrams import check_ngram_range, common_prefix_length
 from genspec.errors import ConfigError, InputFileError
 
 
@@ -179,9 +180,9 @@ def clear_process_tables() -> None:
 
 def tokenizer_namespace(target) -> str:
     """A process table per tokenizer: token ids mean nothing across tokenizers."""
-    tokenizer = getattr(target, "tokenizer", None)
+    tokenizer = target.tokenizer
     if tokenizer is None:
-        return f"vocab-{getattr(target, 'vocab_size', 'unknown')}"
+        return f"vocab-{target.vocab_size}"
     return f"{getattr(tokenizer, 'name_or_path', '')}|{len(tokenizer)}"
 
 
@@ -200,17 +201,17 @@ def static_table(corpus: str | Path, tokenizer, min_n: int, max_n: int, namespac
     return _STATIC_TABLES[key]
 
 
-class NGramCacheDrafter(Drafter):
+class NGramCacheDrafter(CandidateDrafter):
     """Most-frequent-continuation drafting from the context, process and static n-gram tables.
 
     Options: ``min_ngram`` / ``max_ngram`` the n-gram sizes (longest first); ``min_count`` and
     ``min_ratio`` how frequent and how dominant a continuation must be; ``learn`` whether this
     drafter's requests feed the process table; ``namespace`` the process table to use (one per
     tokenizer); ``static`` a prebuilt :class:`StaticTable`; ``max_entries`` the process table's cap.
+    Evidence: the n-gram length behind the draft's first token (0: no draft).
     """
 
     name = "ngram-cache"
-    deterministic = True
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 4, min_count: int = 1, min_ratio: float = 0.3,
                  learn: bool = True, namespace: str = "default", static: StaticTable | None = None,
@@ -220,12 +221,12 @@ class NGramCacheDrafter(Drafter):
             raise ConfigError(f"min_count must be >= 1, got {min_count}")
         if not 0.0 <= min_ratio <= 1.0:
             raise ConfigError(f"min_ratio must be in [0, 1], got {min_ratio}")
+        super().__init__()
         self.min_ngram, self.max_ngram = int(min_ngram), int(max_ngram)
         self.min_count, self.min_ratio = min_count, min_ratio
         self.learn = learn
         self.process = process_table(namespace, self.min_ngram, self.max_ngram, max_entries)
         self.static = static
-        self._rows: list[dict] = []
 
     @classmethod
     def for_target(cls, target, corpus: str | None = None, namespace: str | None = None,
@@ -235,16 +236,11 @@ class NGramCacheDrafter(Drafter):
         namespace = namespace or tokenizer_namespace(target)
         drafter = cls(namespace=namespace, **options)
         if corpus is not None:
-            drafter.static = static_table(corpus, getattr(target, "tokenizer", None), drafter.min_ngram,
-                                          drafter.max_ngram, namespace)
+            drafter.static = static_table(corpus, target.tokenizer, drafter.min_ngram, drafter.max_ngram, namespace)
         return drafter
 
-    def begin(self, prompts, sampling, generator=None):
-        super().begin(prompts, sampling, generator)
-        self._rows = [self._new_row(len(p)) for p in prompts]
-
-    def _new_row(self, prompt_length: int) -> dict:
-        return {"tokens": [], "prompt_length": prompt_length,
+    def new_row(self, context: RequestContext) -> dict:
+        return {"tokens": [], "prompt_length": len(context.prompt),
                 "context": CountTable(self.min_ngram, self.max_ngram)}
 
     def _sync(self, row: dict, sequence: list[int]) -> None:
@@ -275,8 +271,8 @@ class NGramCacheDrafter(Drafter):
                     return found[0], n
         return None
 
-    def _draft_row(self, row: dict, sequence: list[int], limit: int) -> tuple[list[int], int]:
-        """The draft and its evidence (the n-gram length behind its first token; 0: no draft)."""
+    def candidates(self, row: dict, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
+        """One chain, built a token at a time, and its evidence (the n-gram length behind its first token)."""
         self._sync(row, sequence)
         tail, draft, evidence = row["tokens"][-self.max_ngram:], [], 0
         while len(draft) < limit:
@@ -287,11 +283,4 @@ class NGramCacheDrafter(Drafter):
             evidence = evidence or n
             draft.append(token)
             tail = tail[1:] + [token] if len(tail) == self.max_ngram else tail + [token]
-        return draft, evidence
-
-    def propose(self, sequences, max_tokens):
-        if len(self._rows) != len(sequences):  # used without begin
-            self._rows = [self._new_row(0) for _ in sequences]
-        found = [self._draft_row(row, seq, limit) if limit > 0 else ([], 0)
-                 for row, seq, limit in zip(self._rows, sequences, max_tokens)]
-        return chain_from_lists([f[0] for f in found], [f[1] for f in found])
+        return ([draft] if draft else []), evidence

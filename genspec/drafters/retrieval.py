@@ -19,8 +19,9 @@ from collections import Counter
 import numpy as np
 
 from genspec.datastore import RetrievalIndex, check_index_fits
-from genspec.drafters.base import Drafter
-from genspec.drafters.prompt_lookup import PromptLookupDrafter, candidates_draft, candidates_option, check_candidates
+from genspec.drafters.base import RequestContext
+from genspec.drafters.candidates import CandidateDrafter
+from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.errors import ConfigError
 
 
@@ -45,7 +46,7 @@ def frequent_chains(follow: np.ndarray, num_chains: int) -> list[list[int]]:
     return chains
 
 
-class RetrievalDrafter(Drafter):
+class RetrievalDrafter(CandidateDrafter):
     """REST-style drafting from a :class:`RetrievalIndex`.
 
     Options: ``max_suffix`` longest suffix looked up; ``min_suffix`` shortest match worth drafting
@@ -53,28 +54,27 @@ class RetrievalDrafter(Drafter):
     ``max_matches`` matches whose continuations are counted; ``context`` also draft from the request's
     own text (prompt lookup with n-grams of ``min_ngram..max_ngram``), the longer match winning.
 
-    Evidence per row: ``("datastore", matched length)`` or ``("context", matched n)``, so the cost-aware
-    draft length learns the two sources' acceptance apart.
+    Evidence per row: the matched length, or with ``context`` ``("datastore", matched length)`` /
+    ``("context", matched n)``, so the cost-aware draft length learns the two sources' acceptance apart.
     """
 
     name = "retrieval"
-    deterministic = True
 
     def __init__(self, index: RetrievalIndex, num_candidates: int = 1, max_suffix: int = 16, min_suffix: int = 2,
                  max_matches: int = 64, context: bool = False, min_ngram: int = 1, max_ngram: int = 4):
-        check_candidates(num_candidates)
+        super().__init__(num_candidates)
         if int(min_suffix) != min_suffix or min_suffix < 1 or max_suffix < min_suffix:
             raise ConfigError(f"retrieval needs integers 1 <= min_suffix <= max_suffix, got {min_suffix}, {max_suffix}")
         if max_matches < 1:
             raise ConfigError(f"max_matches must be >= 1, got {max_matches}")
         if not isinstance(context, bool):
             raise ConfigError(f"context must be true or false, got {context!r}")
-        lookup = PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, num_candidates=num_candidates)
         self.index = index
-        self.num_candidates = int(num_candidates)
         self.max_suffix, self.min_suffix = int(max_suffix), int(min_suffix)
         self.max_matches = int(max_matches)
-        self._lookup = lookup if context else None  # the request's own text, searched as prompt lookup does
+        # the request's own text, searched as prompt lookup does
+        self._lookup = (PromptLookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, num_candidates=num_candidates)
+                        if context else None)
 
     @classmethod
     def for_target(cls, target, index: str | RetrievalIndex | None = None, **options) -> "RetrievalDrafter":
@@ -85,12 +85,10 @@ class RetrievalDrafter(Drafter):
         if not isinstance(index, RetrievalIndex):
             index = RetrievalIndex.load(index)
         check_index_fits(index, target)
-        return cls(index, **candidates_option(options))
+        return super().for_target(target, index=index, **options)
 
-    def begin(self, prompts, sampling, generator=None):
-        super().begin(prompts, sampling, generator)
-        if self._lookup is not None:
-            self._lookup.begin(prompts, sampling, generator)
+    def new_row(self, context: RequestContext):
+        return None if self._lookup is None else self._lookup.new_row(context)
 
     def _store_candidates(self, sequence: list[int], limit: int) -> tuple[list[list[int]], int]:
         """Datastore chains and the matched suffix length (0: no draft)."""
@@ -100,11 +98,11 @@ class RetrievalDrafter(Drafter):
         chains = frequent_chains(self.index.continuations(lo, hi, limit, self.max_matches), self.num_candidates)
         return chains, (length if chains else 0)
 
-    def _row_candidates(self, row: int, sequence: list[int], limit: int) -> tuple[list[list[int]], object]:
+    def candidates(self, row, sequence: list[int], limit: int) -> tuple[list[list[int]], object]:
         chains, length = self._store_candidates(sequence, limit)
         if self._lookup is None:
             return chains, length
-        own_chains, n = self._lookup.row_candidates(row, sequence, limit)
+        own_chains, n = self._lookup.candidates(row, sequence, limit)
         if n == 0 and length == 0:
             return [], 0
         first, second = (own_chains, chains) if n >= length else (chains, own_chains)
@@ -114,10 +112,3 @@ class RetrievalDrafter(Drafter):
                 firsts.add(chain[0])
                 merged.append(chain)
         return merged[:self.num_candidates], (("context", n) if n >= length else ("datastore", length))
-
-    def propose(self, sequences, max_tokens):
-        if self._lookup is not None:
-            self._lookup.fit_batch(len(sequences))
-        return candidates_draft([self._row_candidates(row, seq, limit) if limit > 0 else ([], 0)
-                                 for row, (seq, limit) in enumerate(zip(sequences, max_tokens))],
-                                self.num_candidates)

@@ -1,42 +1,96 @@
 """The model interface every target and draft model implements.
 
-A model holds a batch of token sequences in its own KV cache. ``forward`` appends a block of new
-tokens (a chain, or a token tree with its ancestor mask) and returns their logits; ``truncate`` and
-``keep_block`` roll the cache back after a rejection. Rows are independent: each has its own length.
+A model holds a batch of token sequences (rows) in its own KV cache. Rows join (:meth:`add_rows`, which
+prefills them alone while the other rows keep their caches) and leave (:meth:`remove_rows`) between
+steps. ``forward`` appends a block of new tokens to every row (a chain, or a token tree with its
+ancestor mask) and returns their logits; ``keep_block`` / ``commit_all`` / ``truncate`` say what of it
+stays. Rows are independent: each has its own length.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class PrefixKV:
+    """The first L decoder layers of a block, already computed by an early-exit draft that shares
+    those layers' weights (LayerSkip-style reuse): per layer the keys and values of the block
+    (``[B, kv_heads, n, head_dim]``), and the hidden states entering layer L (``[B, n, H]``). A target's
+    :meth:`CausalLM.forward` with a prefix runs only layers L.. and copies these into its cache."""
+
+    hidden: torch.Tensor
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
 
 
 class CausalLM(ABC):
     """A causal language model with a per-row KV cache.
 
-    Shapes: ``B`` rows, ``n`` new tokens, ``V`` vocabulary.
+    Shapes: ``B`` rows, ``n`` new tokens, ``V`` vocabulary, ``H`` hidden size.
     """
 
     vocab_size: int
     #: maximum sequence length (prompt + generated) or None if unbounded
     max_context: int | None = None
     device: torch.device = torch.device("cpu")
+    #: a Hugging Face tokenizer, or None (then only token ids can be generated)
+    tokenizer = None
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Token ids that end a sequence by default (none unless the model says)."""
+        return ()
+
+    # ------------------------------------------------------------------ rows
+    @abstractmethod
+    def reset(self, batch_size: int = 0) -> None:
+        """Forget every sequence; hold ``batch_size`` empty rows."""
 
     @abstractmethod
-    def reset(self, batch_size: int) -> None:
-        """Forget every sequence; the next ``forward`` starts ``batch_size`` empty rows."""
+    def add_rows(self, prefixes: list[list[int]]) -> None:
+        """Append one row per prefix, holding its tokens (a prefill run on the new rows only; the other
+        rows keep their caches). Empty prefixes give empty rows."""
 
+    @abstractmethod
+    def remove_rows(self, rows: list[int]) -> None:
+        """Drop the rows with these indices; the remaining rows keep their order."""
+
+    @property
+    @abstractmethod
+    def lengths(self) -> torch.Tensor:
+        """``[B]`` number of tokens held per row."""
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.lengths.shape[0])
+
+    # ------------------------------------------------------------------ blocks
     @abstractmethod
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
-                tree_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+                tree_mask: torch.Tensor | None = None, last_only: bool = False,
+                prefix: PrefixKV | None = None) -> torch.Tensor:
         """Append ``tokens`` ``[B, n]`` to each row and return logits ``[B, n, V]``.
 
         ``valid`` ``[B, n]`` marks real tokens (padding is right-aligned per row and is not kept).
         ``tree_mask`` ``[B, n, n]`` bool: entry (i, j) says new token i may see new token j (its
         ancestor or itself); default causal (a chain). Token i's position is the row's length plus its
         depth (number of new ancestors, itself excluded). With ``last_only`` the logits are
-        ``[B, 1, V]`` for each row's last valid token (prefill needs no more).
+        ``[B, 1, V]`` for each row's last valid token. ``prefix``: the block's first layers, computed
+        by an early-exit draft (see :meth:`prefix_for`); only models that support it accept one.
         """
+
+    @abstractmethod
+    def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
+                      tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like :meth:`forward` without the LM head: final hidden states ``[B, n, H]`` and ``valid``
+        (a drafter that only needs its cache filled skips the head)."""
 
     @abstractmethod
     def keep_block(self, keep: torch.Tensor) -> None:
@@ -45,10 +99,19 @@ class CausalLM(ABC):
         a + 1 tokens of a chain. The kept tokens must form a chain (each the child of the previous)."""
 
     @abstractmethod
+    def commit_all(self, valid: torch.Tensor | None = None) -> None:
+        """Keep every valid token of the last block (a prefill, a plain decode step, a draft model's sync)."""
+
+    @abstractmethod
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep only the first ``lengths[b]`` tokens of row b (``lengths`` ``[B]``)."""
 
-    @property
-    @abstractmethod
-    def lengths(self) -> torch.Tensor:
-        """``[B]`` number of tokens held per row."""
+    # ------------------------------------------------------------------ prefix reuse (early exit)
+    def shares_prefix_with(self, target: "CausalLM") -> bool:
+        """True if this (draft) model is ``target``'s first layers and can hand it a :class:`PrefixKV`."""
+        return False
+
+    def prefix_for(self, target: "CausalLM", start: torch.Tensor, valid: torch.Tensor) -> PrefixKV | None:
+        """The first layers of ``target``'s block at positions ``start[b] + j`` (``valid`` ``[B, n]``),
+        which this model has computed, or None (it cannot, or no longer holds them)."""
+        return None

@@ -18,30 +18,13 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from genspec.errors import ConfigError, InputFileError
-from genspec.models.base import CausalLM
+from genspec.models.base import CausalLM, PrefixKV
 from genspec.models.head import LMHead
-
-
-@dataclass
-class PrefixKV:
-    """The first L decoder layers of a block, already computed by an early-exit draft that shares
-    those layers' weights (LayerSkip-style reuse): per layer the keys and values of the block
-    (``[B, kv_heads, n, head_dim]``), and the hidden states entering layer L (``[B, n, H]``).
-    :meth:`HFCausalLM.forward` with a prefix runs only layers L.. and copies these into its cache."""
-
-    hidden: torch.Tensor
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.keys)
 
 
 def decoder_view(decoder, kept: list[int], final_norm: bool = True):
@@ -101,7 +84,34 @@ class HFCausalLM(CausalLM):
         self._lm_head = lm_head
         if fast_kernels:
             _transpose_linears(self._decoder)
-        self.reset(1)
+        self.reset(0)
+
+    @property
+    def decoder(self):
+        """The decoder stack (embeddings, layers, final norm) this model runs."""
+        return self._decoder
+
+    @property
+    def lm_head(self) -> LMHead | None:
+        """genspec's laid-out LM head (None with ``fast_kernels=False`` and no vocabulary subset)."""
+        return self._lm_head
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._decoder.layers)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The tokenizer's end-of-sequence id and the model's generation config's (e.g. Gemma's
+        ``<end_of_turn>``), as ``generate()`` stops at them."""
+        ids: list[int] = []
+        sources = (getattr(self.tokenizer, "eos_token_id", None),
+                   getattr(getattr(self.model, "generation_config", None), "eos_token_id", None))
+        for source in sources:
+            for i in (source if isinstance(source, (list, tuple)) else [source]):
+                if i is not None and int(i) not in ids:
+                    ids.append(int(i))
+        return tuple(ids)
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -131,13 +141,67 @@ class HFCausalLM(CausalLM):
 
     # ---------------------------------------------------------------- cache state
     @torch.inference_mode()
-    def reset(self, batch_size: int) -> None:
+    def reset(self, batch_size: int = 0) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
         self.slot_positions = torch.empty(batch_size, 0, dtype=torch.long, device=self.device)
         self._lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
         self._block_start = 0
+
+    @torch.inference_mode()
+    def add_rows(self, prefixes: list[list[int]]) -> None:
+        """Prefill the new rows in a cache of their own, then append that cache's rows to this one
+        (holes pad the shorter of the two along the slot axis): one copy of the cache per join, as a
+        decode step's ``torch.cat`` costs anyway."""
+        if not prefixes:
+            return
+        held = (self.cache, self.slot_positions, self._lengths)
+        self.reset(len(prefixes))
+        width = max(len(p) for p in prefixes)
+        if width:
+            tokens = torch.zeros(len(prefixes), width, dtype=torch.long)
+            valid = torch.zeros(len(prefixes), width, dtype=torch.bool)
+            for row, prefix in enumerate(prefixes):
+                tokens[row, :len(prefix)] = torch.as_tensor(prefix, dtype=torch.long)
+                valid[row, :len(prefix)] = True
+            self.hidden_states(tokens, valid)
+            self.commit_all(valid)
+        added_cache, added_slots, added_lengths = self.cache, self.slot_positions, self._lengths
+        self.cache, self.slot_positions, self._lengths = held
+        slots = max(self.num_slots, added_slots.shape[1])
+        old_layers, new_layers = list(_filled_layers(self.cache)), list(_filled_layers(added_cache))
+        if not old_layers:  # nothing cached yet: the new cache becomes the cache
+            self.cache = added_cache
+        for index, layer in enumerate(new_layers or old_layers):
+            old = old_layers[index] if old_layers else None
+            new = new_layers[index] if new_layers else None
+            for name in ("keys", "values"):
+                parts = [_padded(None if old is None else getattr(old, name), len(self._lengths), slots, getattr(layer, name)),
+                         _padded(None if new is None else getattr(new, name), len(added_lengths), slots,
+                                 getattr(layer, name))]
+                setattr(old if old is not None else new, name, torch.cat(parts, dim=0))
+        self.slot_positions = torch.cat([torch.nn.functional.pad(p, (0, slots - p.shape[1]), value=-1)
+                                         for p in (self.slot_positions, added_slots)], dim=0)
+        self._lengths = torch.cat([self._lengths, added_lengths])
+        self._block_start = self.num_slots
+
+    @torch.inference_mode()
+    def remove_rows(self, rows: list[int]) -> None:
+        if not rows:
+            return
+        gone = set(rows)
+        kept = torch.tensor([r for r in range(self.num_rows) if r not in gone], dtype=torch.long, device=self.device)
+        if not len(kept):
+            self.reset(0)
+            return
+        for layer in self._cache_tensors():
+            layer.keys = layer.keys.index_select(0, kept)
+            layer.values = layer.values.index_select(0, kept)
+        self.slot_positions = self.slot_positions.index_select(0, kept)
+        self._lengths = self._lengths.index_select(0, kept)
+        self._block_start = self.num_slots
+        self._trim()
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -148,9 +212,7 @@ class HFCausalLM(CausalLM):
         return self.slot_positions.shape[1]
 
     def _cache_tensors(self):
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is not None:
-                yield layer
+        return _filled_layers(self.cache)
 
     def _select_slots(self, index: torch.Tensor, new_num_slots: int) -> None:
         """Rewrite slots [start, start + index.shape[1]) of each row from ``index`` (absolute slot
@@ -320,6 +382,20 @@ class HFCausalLM(CausalLM):
             keep = keep.masked_fill(~valid.to(self.device), -1)
             keep = keep.gather(1, (keep < 0).long().argsort(dim=1, stable=True))  # valid first, in order
         self.keep_block(keep)
+
+
+def _padded(tensor: torch.Tensor | None, rows: int, slots: int, like: torch.Tensor) -> torch.Tensor:
+    """``tensor`` ``[rows, H, S, D]`` padded with zeros to ``slots`` slots (an all-hole block if None)."""
+    if tensor is None:
+        return like.new_zeros(rows, like.shape[1], slots, like.shape[3])
+    return torch.nn.functional.pad(tensor, (0, 0, 0, slots - tensor.shape[2]))
+
+
+def _filled_layers(cache):
+    """The layers of a ``DynamicCache`` that hold key / value tensors."""
+    for layer in cache.layers:
+        if isinstance(getattr(layer, "keys", None), torch.Tensor) and layer.keys.dim() == 4:
+            yield layer
 
 
 class TransposedLinear(torch.nn.Module):

@@ -16,11 +16,12 @@ import warnings
 import torch
 
 from genspec.errors import ConfigError
-from genspec.models.hf import HFCausalLM, PrefixKV, TransposedLinear, decoder_view
+from genspec.models.base import CausalLM, PrefixKV
+from genspec.models.hf import HFCausalLM, TransposedLinear, decoder_view
 
 
 def num_layers(target: HFCausalLM) -> int:
-    return len(target._decoder.layers)
+    return target.num_layers
 
 
 class EarlyExitModel(HFCausalLM):
@@ -35,15 +36,25 @@ class EarlyExitModel(HFCausalLM):
     KEEP = 64  # positions per row whose layer-L hidden states are kept
 
     def __init__(self, target: HFCausalLM, exit_layer: int, vocab_subset=None):
-        view = decoder_view(target._decoder, list(range(exit_layer)), final_norm=False)
+        view = decoder_view(target.decoder, list(range(exit_layer)), final_norm=False)
         super().__init__(target.model, target.tokenizer, fast_kernels=False, decoder=view,
-                         lm_head=target._lm_head, vocab_subset=vocab_subset, final_norm=target._decoder.norm)
+                         lm_head=target.lm_head, vocab_subset=vocab_subset, final_norm=target.decoder.norm)
         self.source = target
         self.exit_layer = exit_layer
 
-    def reset(self, batch_size: int) -> None:
+    def reset(self, batch_size: int = 0) -> None:
         super().reset(batch_size)
         self._exit_hidden: list[dict[int, torch.Tensor]] = [{} for _ in range(batch_size)]
+
+    def add_rows(self, prefixes: list[list[int]]) -> None:
+        held = self._exit_hidden
+        super().add_rows(prefixes)  # resets, prefills the new rows (recording theirs), merges
+        self._exit_hidden = held + self._exit_hidden
+
+    def remove_rows(self, rows: list[int]) -> None:
+        super().remove_rows(rows)
+        gone = set(rows)
+        self._exit_hidden = [r for i, r in enumerate(self._exit_hidden) if i not in gone] if self.num_rows else []
 
     def hidden_states(self, tokens, valid=None, tree_mask=None, prefix=None):
         before = self._lengths.clone()
@@ -58,9 +69,14 @@ class EarlyExitModel(HFCausalLM):
                     del record[position]
         return hidden, valid
 
-    def prefix_kv(self, start: torch.Tensor, valid: torch.Tensor) -> PrefixKV | None:
+    def shares_prefix_with(self, target: CausalLM) -> bool:
+        return target is self.source
+
+    def prefix_for(self, target: CausalLM, start: torch.Tensor, valid: torch.Tensor) -> PrefixKV | None:
         """Layers 0..L-1 of the block at positions ``start[b] + j`` (``valid`` ``[B, n]``), all of which
         this model must hold; None if some hidden state is no longer kept."""
+        if not self.shares_prefix_with(target):
+            return None
         batch, n = valid.shape
         wanted = start.unsqueeze(1) + torch.arange(n)
         hidden = torch.zeros(batch, n, self.config.hidden_size, dtype=self.dtype, device=self.device)
@@ -89,8 +105,8 @@ def layer_skip(target: HFCausalLM, skip: list[int], vocab_subset: torch.Tensor |
     kept = [i for i in range(total) if i not in set(skip)]
     if not kept:
         raise ConfigError("cannot skip every layer")
-    return HFCausalLM(target.model, target.tokenizer, fast_kernels=False, decoder=decoder_view(target._decoder, kept),
-                      lm_head=target._lm_head, vocab_subset=vocab_subset)
+    return HFCausalLM(target.model, target.tokenizer, fast_kernels=False, decoder=decoder_view(target.decoder, kept),
+                      lm_head=target.lm_head, vocab_subset=vocab_subset)
 
 
 def early_exit(target: HFCausalLM, exit_layer: int, vocab_subset: torch.Tensor | None = None) -> HFCausalLM:

@@ -36,3 +36,13 @@ from genspec.theory.pareto import (  # noqa: F401
     pareto_table,
 )
 from genspec.theory.simulate import Simulation, sample_rejection_rule, simulate  # noqa: F401
+
+__all__ = [
+    "ChainPair", "load_chain", "random_chain", "save_chain",
+    "VARIANTS", "bernoulli_improvement", "expected_rejections", "expected_rejections_limit", "expected_rejections_sd",
+    "expected_rejections_theorem3", "rejections_curve", "single_step_improvement", "total_variation",
+    "uniform_improvement", "verifier_stages",
+    "acceptance_rate", "expected_tokens_per_call", "optimal_gamma", "speedup",
+    "ParetoPoint", "minimal_bias", "optimal_resampling", "over_acceptance_point", "pareto_front", "pareto_table",
+    "Simulation", "sample_rejection_rule", "simulate",
+]

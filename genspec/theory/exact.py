@@ -9,6 +9,11 @@ Reminder: p = DRAFT = ``draft``, q = TARGET = ``target``. All functions take a
 - :func:`expected_rejections_theorem3`      Theorem 3's closed formula (f recursion, f(empty) = 1).
 - :func:`expected_rejections_limit`         Proposition 1: the M -> infinity limit.
 - :func:`single_step_improvement`           TV(q, p) - prod_{m<=M} TV(q^m, p) and its closed forms.
+
+The acceptance rule itself (keep probability min{1, q/p}, residual norm([q - p]_+)) is not written
+here: :func:`keep_probability`, :func:`accepted_mass` and :func:`residual_law` evaluate the engine's
+:func:`genspec.acceptance.acceptance_probability` / :func:`genspec.acceptance.residual_distribution`
+on float64 arrays, so the exact laws below are the laws of the code that generates text.
 """
 from __future__ import annotations
 
@@ -16,8 +21,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+import torch
 
+from genspec.acceptance import acceptance_probability, residual_distribution
 from genspec.errors import ConfigError
 from genspec.theory.chains import ChainPair
 
@@ -49,6 +55,37 @@ def normalize(values: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     totals = values.sum(axis=-1, keepdims=True)
     safe = np.where(totals > 0, totals, 1.0)
     return np.where(totals > 0, values / safe, fallback)
+
+
+# ---------------------------------------------------------------------------------------------
+# the acceptance rule, evaluated by genspec.acceptance (the engine's code) on float64 arrays
+
+
+def _tensor(values) -> torch.Tensor:
+    """float64 array -> tensor sharing its memory (copied only if read-only, e.g. a ChainPair's)."""
+    array = np.ascontiguousarray(values, dtype=np.float64)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(array)
+
+
+def keep_probability(target_probs, draft_probs, epsilon: float = 0.0) -> np.ndarray:
+    """b(y) = min{1, (q(y) + eps) / p(y)} elementwise (eps = 0: the lossless rule), computed by
+    :func:`genspec.acceptance.acceptance_probability`. Where p(y) = 0 it is 1 if q(y) + eps > 0, else 0."""
+    return acceptance_probability(_tensor(target_probs), _tensor(draft_probs), epsilon).numpy()
+
+
+def accepted_mass(target_probs, draft_probs) -> np.ndarray:
+    """p(y) b(y) = min{p(y), q(y)}: probability that the standard rule drafts y and keeps it."""
+    draft = np.asarray(draft_probs, dtype=np.float64)
+    return draft * keep_probability(target_probs, draft)
+
+
+def residual_law(target_probs, draft_probs, residual: str = "opt") -> np.ndarray:
+    """The law drawn from after a rejection, over the last axis, computed by
+    :func:`genspec.acceptance.residual_distribution`: "opt" = norm([q - p]_+) (q where [q - p]_+ is
+    all zero), "uno" = q."""
+    return residual_distribution(_tensor(target_probs), _tensor(draft_probs), residual).numpy()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,14 +122,13 @@ class VerifierStages:
 def residual_step(target_law: np.ndarray, draft_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One verifier stage against the current law q^j: ``[S, V]`` inputs.
 
-    Returns (acceptance mass min{p, q^j} ``[S, V]``, rejection probability r_j = TV(q^j, p) ``[S]``,
-    next law q^{j+1} = norm([q^j - p]_+) ``[S, V]``).
+    Returns (acceptance mass p b = min{p, q^j} ``[S, V]``, rejection probability
+    r_j = sum_y p(y) (1 - b(y)) = TV(q^j, p) ``[S]``, next law q^{j+1} = norm([q^j - p]_+) ``[S, V]``),
+    with b and the residual from the shared rule (:func:`accepted_mass`, :func:`residual_law`).
     """
-    accept = np.minimum(draft_probs, target_law)
-    excess = positive_part(target_law - draft_probs)
-    # r_j = sum [q^j - p]_+ = TV(q^j, p) since both sum to 1
-    rejection = excess.sum(axis=-1)
-    return accept, rejection, normalize(excess, target_law)
+    accept = accepted_mass(target_law, draft_probs)
+    rejection = (draft_probs - accept).sum(axis=-1)  # p b <= p elementwise, so r_j >= 0
+    return accept, rejection, residual_law(target_law, draft_probs)
 
 
 def verifier_stages(target_probs: np.ndarray, draft_probs: np.ndarray, num_stages: int) -> VerifierStages:
@@ -234,15 +270,23 @@ def _batch_dp(chain: ChainPair, batch) -> float:
     single = np.zeros_like(fresh)
     total = 0.0
     for n in range(chain.horizon):
-        draft, target = chain.draft[n], chain.target[n]
-        round_start = verifier_outcome(target, draft, batch)
-        sd_keep = np.minimum(draft, target)
-        sd_excess = positive_part(target - draft)
-        total += float(fresh @ round_start.rejected) + float(single @ total_variation(draft, target))
-        next_single = fresh @ round_start.accepted + single @ sd_keep
-        next_fresh = (fresh * round_start.rejected) @ round_start.residual + single @ sd_excess
-        fresh, single = next_fresh, next_single
+        rejected, fresh, single = _batch_dp_step(fresh, single, chain.draft[n], chain.target[n], batch)
+        total += rejected
     return total
+
+
+def _batch_dp_step(fresh: np.ndarray, single: np.ndarray, draft: np.ndarray, target: np.ndarray,
+                   batch) -> tuple[float, np.ndarray, np.ndarray]:
+    """One position of the batch DP: (expected rejections there, next fresh, next single).
+
+    A round start runs the M-stage verifier; a single kept draft runs the same verifier with one
+    stage (plain SD: accepted mass min{p, q}, rejection TV(p, q), then the residual)."""
+    round_start = verifier_outcome(target, draft, batch)
+    sd_accept, sd_rejection, sd_residual = residual_step(target, draft)
+    rejected = float(fresh @ round_start.rejected) + float(single @ sd_rejection)
+    next_single = fresh @ round_start.accepted + single @ sd_accept
+    next_fresh = (fresh * round_start.rejected) @ round_start.residual + (single * sd_rejection) @ sd_residual
+    return rejected, next_fresh, next_single
 
 
 def batch_dp_masses(chain: ChainPair, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -254,11 +298,7 @@ def batch_dp_masses(chain: ChainPair, batch: int) -> tuple[np.ndarray, np.ndarra
     for n in range(chain.horizon):
         fresh_rows.append(fresh)
         single_rows.append(single)
-        draft, target = chain.draft[n], chain.target[n]
-        round_start = verifier_outcome(target, draft, batch)
-        next_single = fresh @ round_start.accepted + single @ np.minimum(draft, target)
-        next_fresh = (fresh * round_start.rejected) @ round_start.residual + single @ positive_part(target - draft)
-        fresh, single = next_fresh, next_single
+        _, fresh, single = _batch_dp_step(fresh, single, chain.draft[n], chain.target[n], batch)
     return np.array(fresh_rows), np.array(single_rows)
 
 
@@ -320,6 +360,8 @@ def _untried_holding_table(draft: np.ndarray, batch: int) -> np.ndarray:
     """``[M, V, V, M]``: entry [u, x, y, i] = P(Binomial(u, p(y|x)) = i), u untried drafts."""
     untried = np.arange(batch)[:, None, None, None]
     holding = np.arange(batch)[None, None, None, :]
+    from scipy import stats  # here, not at import: the engine imports the theory's formulas, not scipy
+
     return stats.binom.pmf(holding, untried, draft[None, :, :, None])
 
 

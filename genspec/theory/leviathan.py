@@ -2,14 +2,20 @@
 
 i.i.d. approximation: every draft token is accepted with probability alpha = 1 - E[TV(p, q)]
 (p = DRAFT, q = TARGET); the draft proposes gamma tokens per target call.
+
+This is the one implementation of the expected-tokens formula (calibration and the benchmark's
+theory column use it, and the engine's draft-length policy is to), so importing this module must stay
+cheap: nothing here imports scipy or the exact/simulation modules at import time.
 """
 from __future__ import annotations
 
-from typing import Callable, Union
+import math
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from genspec.errors import ConfigError
-from genspec.theory.chains import ChainPair
-from genspec.theory.exact import expected_rejections_sd
+
+if TYPE_CHECKING:  # pragma: no cover
+    from genspec.theory.chains import ChainPair
 
 VerifyCost = Union[float, Callable[[int], float]]
 
@@ -21,13 +27,33 @@ def _check(alpha: float, gamma: int) -> None:
         raise ConfigError(f"gamma (draft tokens per target call) must be an integer >= 0, got {gamma}")
 
 
-def expected_tokens_per_call(alpha: float, gamma: int) -> float:
-    """E[tokens per target call] = (1 - alpha^{gamma+1}) / (1 - alpha); gamma + 1 at alpha = 1.
-    Counts the bonus token drawn from q after a fully accepted draft."""
+def expected_tokens_per_call(alpha: float, gamma: int, first_alpha: Optional[float] = None) -> float:
+    """E[tokens per target call] when gamma draft tokens are verified, counting the bonus token drawn
+    from q after a fully accepted draft (or the residual draw after a rejection).
+
+    Two-rate form: draft token 1 is accepted with probability ``first_alpha`` (default ``alpha``),
+    token i + 1 with probability ``alpha`` given that token i was, so
+    E = 1 + first * (1 + alpha + ... + alpha^(gamma-1)) = 1 + first * (1 - alpha^gamma) / (1 - alpha),
+    1 + first * gamma at alpha = 1. With first = alpha it is Leviathan's (1 - alpha^(gamma+1)) / (1 - alpha).
+    """
     _check(alpha, gamma)
-    if alpha == 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    first = alpha if first_alpha is None else first_alpha
+    if not 0.0 <= first <= 1.0:
+        raise ConfigError(f"first_alpha (acceptance rate of draft token 1) must be in [0, 1], got {first}")
+    return 1.0 + first * _geometric_sum(alpha, int(gamma))
+
+
+def _geometric_sum(ratio: float, terms: int) -> float:
+    """1 + ratio + ... + ratio^(terms-1) for ratio in [0, 1] (0 for terms = 0)."""
+    if terms == 0:
+        return 0.0
+    if ratio == 1.0:
+        return float(terms)
+    if ratio == 0.0:
+        return 1.0
+    # (1 - ratio^terms) / (1 - ratio), with expm1/log so that it stays accurate as ratio -> 1
+    # (1 - ratio is exact there; 1 - ratio**terms would cancel)
+    return -math.expm1(terms * math.log(ratio)) / (1.0 - ratio)
 
 
 def speedup(alpha: float, gamma: int, cost_ratio: float, verify_cost: VerifyCost = 1.0) -> float:
@@ -61,4 +87,6 @@ def optimal_gamma(alpha: float, cost_ratio: float, max_gamma: int = 64,
 def acceptance_rate(chain: ChainPair) -> float:
     """alpha of a chain pair: 1 - E[TV] averaged over the T positions of the target chain
     (= 1 - E[N_rej of SD] / T by Theorem 1)."""
+    from genspec.theory.exact import expected_rejections_sd  # lazily: exact imports scipy
+
     return 1.0 - expected_rejections_sd(chain) / chain.horizon

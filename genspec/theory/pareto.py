@@ -7,6 +7,10 @@ law P = ``resample_probs [V]``:
 - rejection probability R = sum_y (1 - b(y)) p(y),
 - output law            out = b p + R P,
 - bias                  TV(out, q).
+
+The over-acceptance family's b and the OPT / UNO resampling laws are the engine's rule
+(:func:`genspec.acceptance.acceptance_probability`, :func:`genspec.acceptance.residual_distribution`,
+through :mod:`genspec.theory.exact`); Theorem 4's and 5's formulas for arbitrary b are computed here.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from genspec.errors import ConfigError
-from genspec.theory.exact import normalize, positive_part, total_variation
+from genspec.theory.exact import keep_probability, normalize, positive_part, residual_law, total_variation
 
 # the worked example of theory.md
 EXAMPLE_DRAFT = (0.3, 0.7)
@@ -40,17 +44,22 @@ def check_pair(draft_probs, target_probs) -> tuple[np.ndarray, np.ndarray]:
 
 
 def lossless_keep(draft_probs: np.ndarray, target_probs: np.ndarray) -> np.ndarray:
-    """b = min{1, q/p} (standard SD); tokens with p = 0 are never drafted, b = 1 there."""
+    """b = min{1, q/p} (standard SD), computed by :func:`genspec.acceptance.acceptance_probability`.
+
+    Tokens with p = 0 are never drafted; there the shared rule gives b = 1 if q > 0 and b = 0 if
+    q = 0 (this function used to return 1 whatever q). b is always weighted by p, so R, the output
+    law and the biases are unchanged."""
     return over_acceptance_keep(draft_probs, target_probs, 0.0)
 
 
 def over_acceptance_keep(draft_probs: np.ndarray, target_probs: np.ndarray, epsilon: float) -> np.ndarray:
-    """b = min{1, (q + eps) / p}, eps >= 0 (NumPy twin of genspec.acceptance.acceptance_probability)."""
+    """b = min{1, (q + eps) / p}, eps >= 0, computed by :func:`genspec.acceptance.acceptance_probability`.
+
+    Where p = 0 the shared rule gives b = 1 if q + eps > 0, else 0 (so 0 only at eps = 0 and q = 0;
+    this function used to return 1 there)."""
     if epsilon < 0:
         raise ConfigError(f"epsilon must be >= 0, got {epsilon}")
-    safe = np.where(draft_probs > 0, draft_probs, 1.0)
-    ratio = np.where(draft_probs > 0, (target_probs + epsilon) / safe, 1.0)
-    return np.minimum(ratio, 1.0)
+    return keep_probability(target_probs, draft_probs, epsilon)
 
 
 def rejection_probability(draft_probs: np.ndarray, keep_probs: np.ndarray) -> float:
@@ -103,14 +112,15 @@ def over_acceptance_point(draft_probs, target_probs, epsilon: float) -> ParetoPo
         rejection=rejection_probability(draft, keep),
         loss_star=minimal_bias(draft, target, keep),
         opt_bias=bias(draft, target, keep, opt_resampling(draft, target)),
-        uno_bias=bias(draft, target, keep, target),
+        uno_bias=bias(draft, target, keep, residual_law(target, draft, "uno")),  # = q
     )
 
 
 def opt_resampling(draft_probs: np.ndarray, target_probs: np.ndarray) -> np.ndarray:
     """Decoding-OPT's law: the standard residual norm([q - p]_+) (equal to Theorem 4's optimum
-    norm([q - b p]_+) for every b of the over-acceptance family)."""
-    return normalize(positive_part(target_probs - draft_probs), target_probs)
+    norm([q - b p]_+) for every b of the over-acceptance family), computed by
+    :func:`genspec.acceptance.residual_distribution`; q where [q - p]_+ is all zero (p = q)."""
+    return residual_law(target_probs, draft_probs, "opt")
 
 
 def pareto_table(draft_probs, target_probs, epsilons=DEFAULT_EPSILONS) -> list[ParetoPoint]:

@@ -1,0 +1,149 @@
+"""Verifying a whole draft block: one entry for chains and token trees, greedy and sampled rows.
+
+A draft is ``M`` candidate chains per row (``chains`` ``[B, M, k]``, ``lengths`` ``[B, M]``; M = 1 for
+a single chain). The target scored it in one pass over a block whose node 0 is the row's last
+committed token and whose other nodes are the draft tokens, chains that share a prefix sharing nodes
+(``node_of[b, m, d]`` is the block node of chain m's token at depth d). :func:`verify` returns which
+nodes to keep and the token after them, by the rules of :mod:`genspec.acceptance.rules`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from genspec.acceptance.rules import (
+    _uniforms,
+    sample_with_uniforms,
+    verify_chain,
+    verify_greedy,
+    verify_multidraft,
+)
+from genspec.sampling import SamplingConfig, apply_repetition_penalty, per_row, process_logits
+
+
+@dataclass
+class Verdict:
+    """What a verification keeps, per row.
+
+    ``path`` ``[B, k + 1]``: block nodes to keep, in order: node 0 (the last committed token), then the
+    accepted draft tokens' nodes; -1 after them. ``accepted_length`` ``[B]``: accepted draft tokens.
+    ``next_token`` ``[B]``: the token emitted after them (a residual or greedy correction, or the bonus).
+    """
+
+    path: torch.Tensor
+    accepted_length: torch.Tensor
+    next_token: torch.Tensor
+
+    @classmethod
+    def of_chain(cls, verdict, k: int) -> "Verdict":
+        positions = torch.arange(k + 1, device=verdict.accepted_length.device).expand(len(verdict.accepted_length), -1)
+        path = torch.where(positions <= verdict.accepted_length.unsqueeze(1), positions, torch.full_like(positions, -1))
+        return cls(path, verdict.accepted_length, verdict.next_token)
+
+
+def chain_nodes(batch: int, num_chains: int, k: int, device=None) -> torch.Tensor:
+    """``node_of`` of a chain block ``[last, d_1 .. d_k]`` (M = 1): draft token d sits at node d + 1."""
+    return (torch.arange(k, device=device) + 1).expand(batch, num_chains, k)
+
+
+def verify_tree(chains: torch.Tensor, lengths: torch.Tensor, node_of: torch.Tensor,
+                target_probs: torch.Tensor | None = None, target_argmax: torch.Tensor | None = None,
+                draft_probs: torch.Tensor | None = None, epsilon=0.0, residual: str = "opt",
+                accept_uniforms: torch.Tensor | None = None, sample_uniforms: torch.Tensor | None = None,
+                generator: torch.Generator | None = None) -> Verdict:
+    """Walk a token tree one depth at a time, all rows at once.
+
+    At depth d each row's candidates are its live chains (those whose first d tokens are the accepted
+    path): greedy rows (``target_argmax`` ``[B, N]`` given) keep the candidate equal to the target's
+    argmax; sampled rows (``target_probs`` ``[B, N, V]``) run the recursive residual verifier
+    (``draft_probs`` ``[B, M, k, V]`` or None for point masses). The first rejection emits the
+    verifier's token; a row that runs out of candidates emits a bonus token from the target's law at
+    its node. ``accept_uniforms`` ``[B, k, M]``, ``sample_uniforms`` ``[B, k + 1]`` (depth d emits the
+    token at position d).
+    """
+    batch, num_chains, k = chains.shape
+    device = chains.device
+    rows = torch.arange(batch, device=device)
+    greedy = target_probs is None
+    if not greedy:
+        sample_uniforms = _uniforms((batch, k + 1), target_probs, sample_uniforms, generator)
+        if draft_probs is not None or not bool((torch.as_tensor(epsilon) == 0).all()):
+            accept_uniforms = _uniforms((batch, k, num_chains), target_probs, accept_uniforms, generator)
+
+    def bonus(node, depth):
+        if greedy:
+            return target_argmax[rows, node]
+        return sample_with_uniforms(target_probs[rows, node], sample_uniforms[:, depth])
+
+    node = torch.zeros(batch, dtype=torch.long, device=device)
+    walking = torch.ones(batch, dtype=torch.bool, device=device)
+    live = lengths > 0
+    path = torch.full((batch, k + 1), -1, dtype=torch.long, device=device)
+    path[:, 0] = 0
+    accepted = torch.zeros(batch, dtype=torch.long, device=device)
+    next_token = torch.zeros(batch, dtype=torch.long, device=device)
+    for depth in range(k):
+        live &= lengths > depth
+        out_of_candidates = walking & ~live.any(1)
+        if bool(out_of_candidates.any()):
+            next_token = torch.where(out_of_candidates, bonus(node, depth), next_token)
+            walking &= ~out_of_candidates
+        if not bool(walking.any()):
+            break
+        candidates = chains[:, :, depth]
+        if greedy:
+            token = target_argmax[rows, node]
+            hits = live & (candidates == token.unsqueeze(1))
+            chosen = torch.where(hits.any(1), hits.to(torch.uint8).argmax(1), torch.full_like(token, -1))
+        else:
+            verdict = verify_multidraft(
+                candidates, target_probs[rows, node], None if draft_probs is None else draft_probs[:, :, depth],
+                epsilon=epsilon, residual=residual, candidate_mask=live & walking.unsqueeze(1),
+                accept_uniforms=None if accept_uniforms is None else accept_uniforms[:, depth],
+                sample_uniforms=sample_uniforms[:, depth])
+            chosen, token = verdict.accepted_index, verdict.token
+        kept = walking & (chosen >= 0)
+        next_token = torch.where(walking & ~kept, token, next_token)
+        walking &= kept
+        node = torch.where(kept, node_of[rows, chosen.clamp(min=0), depth], node)
+        path[:, depth + 1] = torch.where(kept, node, torch.full_like(node, -1))
+        accepted += kept.long()
+        live &= candidates == token.unsqueeze(1)
+    if bool(walking.any()):  # every depth accepted: the bonus token
+        next_token = torch.where(walking, bonus(node, k), next_token)
+    return Verdict(path, accepted, next_token)
+
+
+def verify(chains: torch.Tensor, lengths: torch.Tensor, target_logits: torch.Tensor,
+           sampling: SamplingConfig | list[SamplingConfig], node_of: torch.Tensor | None = None,
+           draft_probs: torch.Tensor | None = None, seen: torch.Tensor | None = None, epsilon=0.0,
+           residual: str = "opt", accept_uniforms: torch.Tensor | None = None,
+           sample_uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None) -> Verdict:
+    """Verify a draft block against the target's raw logits ``[B, N, V]`` at its nodes.
+
+    ``node_of`` None means a chain block (M = 1, ``[last, d_1 .. d_k]``, N = k + 1), verified with the
+    vectorised chain rules; otherwise the tree walk. The target's logits are processed per row with
+    :func:`genspec.sampling.process_logits` (``seen`` ``[B, N, V]``: the repetition-penalty mask of each
+    node); if every row is greedy only the argmax is needed and no law is built. Greedy rows in a
+    sampled batch get the one-hot law of their argmax, under which the standard rule is token match.
+    """
+    batch, num_chains, k = chains.shape
+    rows = per_row(sampling, batch)
+    if all(c.greedy for c in rows):
+        scores = target_logits
+        if seen is not None:
+            scores = apply_repetition_penalty(scores, seen, [c.repetition_penalty for c in rows])
+        argmax = scores.argmax(-1)
+        if node_of is None:
+            return Verdict.of_chain(verify_greedy(chains[:, 0], argmax, lengths[:, 0]), k)
+        return verify_tree(chains, lengths, node_of, target_argmax=argmax)
+    target_probs = process_logits(target_logits, rows, seen)
+    if node_of is None:
+        verdict = verify_chain(chains[:, 0], target_probs, None if draft_probs is None else draft_probs[:, 0],
+                               lengths[:, 0], epsilon, residual, generator,
+                               None if accept_uniforms is None else accept_uniforms[:, :, 0], sample_uniforms)
+        return Verdict.of_chain(verdict, k)
+    return verify_tree(chains, lengths, node_of, target_probs=target_probs, draft_probs=draft_probs,
+                       epsilon=epsilon, residual=residual, accept_uniforms=accept_uniforms,
+                       sample_uniforms=sample_uniforms, generator=generator)

@@ -1,0 +1,73 @@
+"""The shared base of the model-free drafters: per request some state, per step candidate chains.
+
+A :class:`CandidateDrafter` proposes, for each row, up to ``num_candidates`` chains with distinct
+first tokens (one chain when ``num_candidates == 1``; several are verified as a token tree) and the
+evidence behind the first. Subclasses implement only :meth:`CandidateDrafter.new_row` (the state of a
+request that joins) and :meth:`CandidateDrafter.candidates` (the search); starting, forgetting and
+building the :class:`~genspec.drafters.base.Draft` live here. Drafts are deterministic (``probs``
+None), so the engine verifies them losslessly.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
+from genspec.errors import ConfigError
+
+
+def check_candidates(num_candidates: int) -> None:
+    if int(num_candidates) != num_candidates or num_candidates < 1:
+        raise ConfigError(f"num_candidates must be an integer >= 1, got {num_candidates}")
+
+
+class CandidateDrafter(Drafter):
+    """Model-free drafting, one request (row) at a time. ``num_candidates`` chains per row at most."""
+
+    free = True
+
+    def __init__(self, num_candidates: int = 1):
+        check_candidates(num_candidates)
+        self.max_candidates = int(num_candidates)
+        self._rows: dict[int, object] = {}
+
+    @classmethod
+    def for_target(cls, target, **options) -> "CandidateDrafter":
+        """The registry's factory; ``num_drafts`` (the CLI's ``--num-drafts``) means ``num_candidates``."""
+        if "num_drafts" in options:
+            if "num_candidates" in options:
+                raise ConfigError("give num_candidates or num_drafts, not both")
+            options = dict(options)
+            options["num_candidates"] = options.pop("num_drafts")
+        return cls(**options)
+
+    @property
+    def num_candidates(self) -> int:
+        return self.max_candidates
+
+    @abstractmethod
+    def new_row(self, context: RequestContext) -> object:
+        """The search state of a request that joins (indexes of its prompt, ...)."""
+
+    @abstractmethod
+    def candidates(self, row: object, sequence: list[int], limit: int) -> tuple[list[list[int]], object]:
+        """Up to ``num_candidates`` chains of at most ``limit`` tokens continuing ``sequence``, best first,
+        with distinct first tokens, and the evidence behind the first (see :class:`Draft`)."""
+
+    def start(self, contexts: list[RequestContext]) -> None:
+        for context in contexts:
+            self._rows[context.request_id] = self.new_row(context)
+
+    def finish(self, request_ids: list[int]) -> None:
+        for request_id in request_ids:
+            self._rows.pop(request_id, None)
+
+    def propose(self, requests: list[DraftRequest]) -> Draft:
+        found = []
+        for request in requests:
+            if request.request_id not in self._rows:  # proposed for without start: its sequence is its prompt
+                self.start([RequestContext(request.request_id, list(request.sequence))])
+            row = self._rows[request.request_id]
+            found.append(self.candidates(row, request.sequence, request.max_tokens) if request.max_tokens > 0
+                         else ([], None))
+        return Draft.from_chains([chains for chains, _ in found], self.max_candidates,
+                                 [evidence for _, evidence in found])

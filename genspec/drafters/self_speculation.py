@@ -1,0 +1,105 @@
+"""Self-speculation: the target itself, made cheaper, drafts for itself.
+
+- ``early-exit``: the target's first L layers + its final norm and head (weights shared); its verify
+  pass reuses the layers the draft computed (LayerSkip-style KV reuse, see :mod:`genspec.models.variants`).
+- ``layer-skip``: the target with some layers skipped (weights shared).
+- ``quantized``: an int8 (dynamic quantisation) copy of the target.
+
+Each is a :class:`~genspec.drafters.draft_model.DraftModelDrafter` over a variant model; they differ only
+in how that model is made from the target. Every one also takes ``draft_vocab_file`` (a
+truncated-vocabulary draft head, FR-Spec style), ``confidence_threshold`` and ``num_drafts``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from genspec.drafters.draft_model import DraftModelDrafter
+from genspec.errors import ConfigError, InputFileError
+from genspec.models import variants
+from genspec.models.hf import HFCausalLM
+
+
+def read_vocab_file(path: str | None) -> list[int] | None:
+    """Token ids (a JSON list, or {"token_ids": [...]}) for a truncated-vocabulary draft head."""
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise InputFileError(f"draft vocabulary file not found: {path}") from exc
+    except (OSError, ValueError) as exc:
+        raise InputFileError(f"cannot read draft vocabulary file {path}: {exc}") from exc
+    ids = data.get("token_ids") if isinstance(data, dict) else data
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        raise InputFileError(f"{path}: expected a non-empty JSON list of token ids")
+    return ids
+
+
+def read_calibration(path: str, key: str, kind: type):
+    """``data[key]`` of a calibration JSON file (``genspec calibrate``), checked to be of type ``kind``."""
+    try:
+        value = json.loads(Path(path).read_text())[key]
+    except FileNotFoundError as exc:
+        raise InputFileError(f"calibration file not found: {path}") from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputFileError(f'{path}: not a calibration file with a "{key}" entry') from exc
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InputFileError(f'{path}: "{key}" must be a {kind.__name__}')
+    return value
+
+
+class _SelfDrafter(DraftModelDrafter):
+    """A draft-model drafter whose model is made from the target by :meth:`variant`."""
+
+    @classmethod
+    def for_target(cls, target, draft_vocab_file: str | None = None, confidence_threshold: float = 0.0,
+                   num_drafts: int = 1, reuse_layers: bool = True, **variant_options) -> "_SelfDrafter":
+        if not isinstance(target, HFCausalLM):
+            raise ConfigError("self-speculation needs a Hugging Face target model")
+        model = cls.variant(target, read_vocab_file(draft_vocab_file), **variant_options)
+        return cls(model, num_drafts=num_drafts, confidence_threshold=confidence_threshold, reuse_layers=reuse_layers)
+
+    @classmethod
+    def variant(cls, target: HFCausalLM, vocab_subset, **options) -> HFCausalLM:
+        raise NotImplementedError
+
+
+class EarlyExitDrafter(_SelfDrafter):
+    """Option ``exit_layer``: an int, or a file written by ``genspec calibrate early-exit`` (default: a
+    quarter of the layers); ``reuse_layers=false`` makes the target recompute the first layers."""
+
+    name = "early-exit"
+
+    @classmethod
+    def variant(cls, target, vocab_subset, exit_layer: int | str | None = None):
+        if isinstance(exit_layer, str):
+            exit_layer = read_calibration(exit_layer, "exit_layer", int)
+        return variants.early_exit(target, exit_layer or max(1, target.num_layers // 4), vocab_subset)
+
+
+class LayerSkipDrafter(_SelfDrafter):
+    """Option ``skip``: layer indices, or a file written by ``genspec calibrate layer-skip`` (default:
+    every other middle layer)."""
+
+    name = "layer-skip"
+
+    @classmethod
+    def variant(cls, target, vocab_subset, skip: list[int] | str | None = None):
+        if skip is None:
+            skip = list(range(1, target.num_layers - 1, 2))
+        elif isinstance(skip, str):
+            skip = read_calibration(skip, "skip", list)
+            if not all(isinstance(i, int) for i in skip):
+                raise InputFileError('calibration file: "skip" must be a list of layer indices')
+        return variants.layer_skip(target, list(skip), vocab_subset)
+
+
+class QuantizedDrafter(_SelfDrafter):
+    """An int8 dynamic-quantisation copy of the target (every Linear, the head included)."""
+
+    name = "quantized"
+
+    @classmethod
+    def variant(cls, target, vocab_subset):
+        return variants.quantized(target, vocab_subset)
