@@ -182,14 +182,6 @@ class RetrievalIndex:
             raise InputFileError("cannot index an empty corpus: no tokens")
         return cls(tokens, suffix_array(tokens[::-1]), meta)
 
-    @classmethod
-    def from_corpus(cls, path: str | Path, tokenizer) -> "RetrievalIndex":
-        """Read and tokenise a corpus (see :func:`read_corpus`) and index it."""
-        documents = tokenize_documents(read_corpus(path), tokenizer)
-        index = cls.from_documents(documents, {"source": str(path), **tokenizer_fingerprint(tokenizer)})
-        index.meta["num_documents"] = len(documents)
-        return index
-
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         try:

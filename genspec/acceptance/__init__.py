@@ -16,4 +16,4 @@ from genspec.acceptance.rules import (  # noqa: F401
     verify_greedy,
     verify_multidraft,
 )
-from genspec.acceptance.verify import Verdict, chain_nodes, verify, verify_tree  # noqa: F401
+from genspec.acceptance.verify import Verdict, verify, verify_tree  # noqa: F401

@@ -42,11 +42,6 @@ class Verdict:
         return cls(path, verdict.accepted_length, verdict.next_token)
 
 
-def chain_nodes(batch: int, num_chains: int, k: int, device=None) -> torch.Tensor:
-    """``node_of`` of a chain block ``[last, d_1 .. d_k]`` (M = 1): draft token d sits at node d + 1."""
-    return (torch.arange(k, device=device) + 1).expand(batch, num_chains, k)
-
-
 def verify_tree(chains: torch.Tensor, lengths: torch.Tensor, node_of: torch.Tensor,
                 target_probs: torch.Tensor | None = None, target_argmax: torch.Tensor | None = None,
                 draft_probs: torch.Tensor | None = None, epsilon=0.0, residual: str = "opt",

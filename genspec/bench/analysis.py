@@ -64,10 +64,11 @@ def _rate(runs: list[dict]) -> float | None:
     return sum(r["new_tokens"] for r in runs) / time_s if time_s > 0 else None
 
 
-def summarize(results: dict, phase: str = "main") -> dict:
-    """Per (category, method) rows, the mean over categories, theory and noise notes."""
-    runs = [r for r in results["runs"] if r.get("phase", "main") == phase]
-    methods = [m["name"] for m in results["methods"]] if phase == "main" else _order(runs, "method")
+def summarize(results: dict) -> dict:
+    """Per (category, method) rows of the main phase (the k sweep has :func:`sweep_summary`), the mean
+    over categories, theory and noise notes."""
+    runs = [r for r in results["runs"] if r.get("phase", "main") == "main"]
+    methods = [m["name"] for m in results["methods"]]
     kinds = {m["name"]: m["kind"] for m in results.get("methods", [])}
     kinds.update({r["method"]: r["kind"] for r in runs})
     categories = _order(runs, "category")

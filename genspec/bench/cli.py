@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import shlex
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path

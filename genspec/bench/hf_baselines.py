@@ -18,7 +18,6 @@ the prompt).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -47,11 +46,10 @@ class ForwardClock:
         self.seconds = 0.0
         self.calls = 0
         self._start = None
-        self._handles = []
 
     def attach(self, module) -> "ForwardClock":
-        self._handles.append(module.register_forward_pre_hook(self._pre))
-        self._handles.append(module.register_forward_hook(self._post))
+        module.register_forward_pre_hook(self._pre)
+        module.register_forward_hook(self._post)
         return self
 
     def _pre(self, module, args):
@@ -66,11 +64,6 @@ class ForwardClock:
     def reset(self) -> None:
         self.seconds, self.calls, self._start = 0.0, 0, None
 
-    def detach(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
 
 class StepLog:
     """(drafted, accepted) per verification step of one HF assisted ``generate()`` call, from the
@@ -78,7 +71,7 @@ class StepLog:
 
     def __init__(self, model):
         self.passes: list[tuple[int, int]] = []
-        self._handle = model.get_decoder().layers[-1].register_forward_pre_hook(self._pre, with_kwargs=True)
+        model.get_decoder().layers[-1].register_forward_pre_hook(self._pre, with_kwargs=True)
 
     def _pre(self, module, args, kwargs):
         hidden = args[0] if args else kwargs["hidden_states"]
@@ -99,9 +92,6 @@ class StepLog:
         for step, start, end in zip(steps, starts, ends):
             step[1] = end - start - 1
         return steps
-
-    def detach(self) -> None:
-        self._handle.remove()
 
 
 class HFDecoder:

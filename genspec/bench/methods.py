@@ -45,10 +45,6 @@ class MethodSpec:
     options: dict = field(default_factory=dict)           # drafter options / extra generate() kwargs
     config_overrides: dict = field(default_factory=dict)  # genspec GenerationConfig fields
 
-    @property
-    def is_baseline(self) -> bool:
-        return self.name in (PLAIN, HF_PLAIN)
-
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "base": self.base, "options": _jsonable(self.options),
                 "config_overrides": dict(self.config_overrides)}
@@ -80,10 +76,9 @@ def _value(text: str):
         return text
 
 
-def parse_method(text: str, drafters=None, draft_model: str | None = None) -> MethodSpec:
+def parse_method(text: str, draft_model: str | None = None) -> MethodSpec:
     """One method spec; raises :class:`ConfigError` with a one-line reason when it is not valid."""
-    if drafters is None:
-        from genspec.api import DRAFTERS as drafters
+    from genspec.api import DRAFTERS as drafters
     head, *option_texts = split_top_level(text, ":")
     name = head.strip()
     options, overrides = {}, {}

@@ -6,9 +6,6 @@ from pathlib import Path
 from genspec.bench.analysis import MEAN, sweep_summary
 from genspec.bench.methods import PLAIN
 
-FILES = ("speedup_by_category.png", "acceptance_by_position.png", "time_breakdown.png",
-         "tokens_per_second_vs_k.png")
-
 
 def _pyplot():
     import matplotlib

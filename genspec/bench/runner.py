@@ -74,7 +74,7 @@ def encode_all(prompts: list[BenchPrompt], tokenizer) -> list[list[int]]:
 
 
 def run_interleaved(decoders: list, prompts: list[BenchPrompt], prompt_ids: list[list[int]],
-                    config: GenerationConfig, repeats: int, phase: str = "main",
+                    config: GenerationConfig, repeats: int,
                     on_progress: Callable[[str, dict | None], None] | None = None,
                     rotation: int = 0) -> list[dict]:
     """Decode every prompt with every decoder, ``repeats`` times; returns one record per call.
@@ -96,7 +96,7 @@ def run_interleaved(decoders: list, prompts: list[BenchPrompt], prompt_ids: list
                 if on_progress:
                     on_progress(f"repeat {repeat + 1}/{repeats} · {prompt.category} #{prompt.question_id} · "
                                 f"{decoder.name}", None)
-                record = {"phase": phase, "repeat": repeat, "method": decoder.name, "kind": decoder.kind,
+                record = {"phase": "main", "repeat": repeat, "method": decoder.name, "kind": decoder.kind,
                           "category": prompt.category, "question_id": prompt.question_id,
                           "prompt_tokens": len(ids), "error": None}
                 gc.disable()  # no collection pause inside a timed call (it runs between calls instead)

@@ -1,5 +1,4 @@
-"""``genspec generate``, and its argument helpers for other commands: :func:`add_sampling_arguments`,
-:func:`parse_option`, :func:`drafter_options`, :func:`generation_config`."""
+"""``genspec generate``: text from a prompt with speculative decoding (``--drafter none``: plain)."""
 from __future__ import annotations
 
 import argparse

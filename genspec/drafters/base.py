@@ -4,9 +4,8 @@ Life cycle (llama.cpp's, per request): the engine calls :meth:`Drafter.start` wh
 the batch, :meth:`Drafter.propose` at every step for the requests that use this drafter (each with
 its whole sequence so far and how many tokens it may draft), and :meth:`Drafter.finish` when
 requests leave (joins and leaves come in groups, so a model-based drafter prefills or frees them
-in one go). What the target kept is visible in the next call's sequences, so no feedback call
-is needed. A drafter keeps its own state (its own KV cache, tables, ...) per request and never
-touches the target's.
+in one go). What the target kept is visible in the next call's sequences. A drafter keeps its own
+state (its own KV cache, tables, ...) per request and never touches the target's.
 """
 from __future__ import annotations
 

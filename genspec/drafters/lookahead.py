@@ -5,7 +5,7 @@ W positions x N-1 Jacobi iterations: the target re-predicts every window positio
 each column's trajectory yields a new n-gram) and a *verification branch* (the pool's n-grams that
 start with the last token). The lookahead branch needs extra tokens with their own attention mask
 in the target's pass and their logits back; this interface gives a drafter neither (it only proposes
-tokens and learns the accepted lengths), so what is implemented here is:
+tokens and sees what was kept in the next call's sequence), so what is implemented here is:
 
 - the pool: ``pool[t]`` holds the ``pool_size`` most recent distinct (N-1)-grams that followed token
   t, fed by every committed token (prompt and output);

@@ -28,9 +28,9 @@ class EarlyExitModel(HFCausalLM):
     """The target's first L layers (weights shared), then the target's final norm and head.
 
     It also serves the target's verify pass (LayerSkip-style KV reuse): the draft has already run
-    layers 0..L-1 over the tokens it drafted, so :meth:`prefix_kv` hands their keys / values and the
+    layers 0..L-1 over the tokens it drafted, so :meth:`prefix_for` hands their keys / values and the
     hidden states entering layer L to the target, which then runs only layers L.. for the block
-    (see :class:`genspec.models.hf.PrefixKV`). The hidden states of the last few positions of each
+    (see :class:`genspec.models.base.PrefixKV`). The hidden states of the last few positions of each
     row are kept for that."""
 
     KEEP = 64  # positions per row whose layer-L hidden states are kept

@@ -47,16 +47,15 @@ def lossless_keep(draft_probs: np.ndarray, target_probs: np.ndarray) -> np.ndarr
     """b = min{1, q/p} (standard SD), computed by :func:`genspec.acceptance.acceptance_probability`.
 
     Tokens with p = 0 are never drafted; there the shared rule gives b = 1 if q > 0 and b = 0 if
-    q = 0 (this function used to return 1 whatever q). b is always weighted by p, so R, the output
-    law and the biases are unchanged."""
+    q = 0. b is always weighted by p, so its value there changes neither R, nor the output law, nor
+    the biases."""
     return over_acceptance_keep(draft_probs, target_probs, 0.0)
 
 
 def over_acceptance_keep(draft_probs: np.ndarray, target_probs: np.ndarray, epsilon: float) -> np.ndarray:
     """b = min{1, (q + eps) / p}, eps >= 0, computed by :func:`genspec.acceptance.acceptance_probability`.
 
-    Where p = 0 the shared rule gives b = 1 if q + eps > 0, else 0 (so 0 only at eps = 0 and q = 0;
-    this function used to return 1 there)."""
+    Where p = 0 the shared rule gives b = 1 if q + eps > 0, else 0 (so 0 only at eps = 0 and q = 0)."""
     if epsilon < 0:
         raise ConfigError(f"epsilon must be >= 0, got {epsilon}")
     return keep_probability(target_probs, draft_probs, epsilon)
