@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from genspec.drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
 from genspec.drafters.edit import EditDrafter
@@ -62,13 +62,25 @@ def build_drafter(name: str, target: CausalLM, **options) -> Drafter | None:
 
 
 def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: str | None = None,
-         dtype: str = "float32", device: str = "cpu", **drafter_options) -> SpeculativeEngine:
-    """A ready :class:`SpeculativeEngine`: target from ``model`` (default: embedded), drafter by name."""
-    if drafter not in DRAFTERS:  # fail before loading anything
-        raise ConfigError(f"unknown drafter {drafter!r}; choose from: {', '.join(DRAFTERS)}")
-    if drafter == "draft-model" and draft_model is None:
-        raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
+         dtype: str = "float32", device: str = "cpu", extra_drafters: Mapping[str, Mapping] | None = None,
+         max_batch_size: int | None = None, **drafter_options) -> SpeculativeEngine:
+    """A ready :class:`SpeculativeEngine`: target from ``model`` (default: embedded), drafter by name.
+
+    ``extra_drafters`` (name -> options) adds drafters a request may pick instead of the default with
+    ``GenerationConfig(drafter=NAME)``; ``max_batch_size`` caps the running batch.
+    """
+    extra = {name: dict(options) for name, options in (extra_drafters or {}).items()}
+    for name in [drafter, *extra]:  # fail before loading anything
+        if name not in DRAFTERS:
+            raise ConfigError(f"unknown drafter {name!r}; choose from: {', '.join(DRAFTERS)}")
+        if name == "draft-model" and draft_model is None and "draft_model" not in extra.get(name, {}):
+            raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
     target = load_model(model, dtype=dtype, device=device)
     if draft_model is not None:
         drafter_options["draft_model"] = draft_model
-    return SpeculativeEngine(target, build_drafter(drafter, target, **drafter_options))
+        for name, options in extra.items():
+            if name in ("draft-model", "hierarchical"):
+                options.setdefault("draft_model", draft_model)
+    default = build_drafter(drafter, target, **drafter_options)
+    others = {name: build_drafter(name, target, **options) for name, options in extra.items() if name != "none"}
+    return SpeculativeEngine(target, default, drafters=others, max_batch_size=max_batch_size)

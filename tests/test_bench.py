@@ -6,16 +6,15 @@ import json
 import math
 
 import pytest
-from tiny_models import save_tiny_model
 
 from genspec.bench import analysis
-from genspec.bench.cli import QUICK
+from genspec.cli.bench import QUICK
 from genspec.bench.methods import HF_PLAIN, PLAIN, parse_method, parse_methods, split_top_level, sweep_methods
 from genspec.bench.plots import write_plots
 from genspec.bench.report import write_report
 from genspec.cli import main
-from genspec.theory.leviathan import expected_tokens_per_call as expected_tokens
 from genspec.errors import ConfigError
+from genspec.theory.leviathan import expected_tokens_per_call as expected_tokens
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RUN_KEYS = {"phase", "repeat", "method", "kind", "category", "question_id", "prompt_tokens", "new_tokens",
@@ -42,6 +41,17 @@ def test_methods_always_start_with_both_baselines_without_duplicates():
     sweep = sweep_methods(parse_method("prompt-lookup"), [2, 4])
     assert [m.name for m in sweep] == ["prompt-lookup@k=2", "prompt-lookup@k=4"]
     assert sweep[0].config_overrides == {"num_draft_tokens": 2, "draft_length": "fixed"}
+
+
+def test_bench_gives_each_learning_method_its_own_memory():
+    from genspec.bench.methods import drafter_options, parse_method, sweep_methods
+
+    a, b = parse_method("ngram-cache"), parse_method("ngram-cache:corpus=x")
+    sweep = sweep_methods(a, [2, 4])
+    namespaces = {drafter_options(m)["namespace"] for m in [a, b] + sweep}
+    assert len(namespaces) == 4
+    assert drafter_options(parse_method("ngram-cache:namespace=mine"))["namespace"] == "mine"
+    assert "namespace" not in drafter_options(parse_method("prompt-lookup"))
 
 
 @pytest.mark.parametrize("text, message", [
@@ -230,12 +240,6 @@ def test_plots_on_synthetic_results(tmp_path):
 
 
 # --------------------------------------------------------------------------------------- CLI errors
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench_models")
-    return save_tiny_model(root / "target", seed=0), save_tiny_model(root / "draft", seed=1, layers=1)
-
-
 def _one_line_error(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -260,8 +264,8 @@ def _one_line_error(capsys, argv, message):
     (["--draft-model", "/no/such/draft"], "no draft model at /no/such/draft"),
     (["--report-from", "/no/results.json"], "results file not found"),
 ])
-def test_bad_arguments_are_one_clear_line(capsys, tmp_path, model_dirs, extra, message):
-    target, _ = model_dirs
+def test_bad_arguments_are_one_clear_line(capsys, tmp_path, tiny_model_dirs, extra, message):
+    target, _ = tiny_model_dirs
     _one_line_error(capsys, ["bench", "--model", str(target), "--out", str(tmp_path / "out")] + extra, message)
 
 
@@ -269,16 +273,16 @@ def test_missing_model_is_one_clear_line(capsys, tmp_path):
     _one_line_error(capsys, ["bench", "--model", str(tmp_path / "none"), "--out", str(tmp_path)], "no model at")
 
 
-def test_unwritable_output_directory(capsys, tmp_path, model_dirs):
+def test_unwritable_output_directory(capsys, tmp_path, tiny_model_dirs):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    err = _one_line_error(capsys, ["bench", "--model", str(model_dirs[0]), "--out", str(blocker / "out")],
+    err = _one_line_error(capsys, ["bench", "--model", str(tiny_model_dirs[0]), "--out", str(blocker / "out")],
                           "cannot write to output directory")
     assert str(blocker / "out") in err
 
 
-def test_bad_drafter_option_is_one_clear_line(capsys, tmp_path, model_dirs):
-    _one_line_error(capsys, ["bench", "--model", str(model_dirs[0]), "--out", str(tmp_path), "--categories", "qa",
+def test_bad_drafter_option_is_one_clear_line(capsys, tmp_path, tiny_model_dirs):
+    _one_line_error(capsys, ["bench", "--model", str(tiny_model_dirs[0]), "--out", str(tmp_path), "--categories", "qa",
                              "--num-prompts", "1", "--max-new-tokens", "2", "--methods", "early-exit:exit_layer=9"],
                     "exit layer must be in 1..2")
 
@@ -314,8 +318,8 @@ def check_bench_output(out, expect_sweep: bool = True) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, model_dirs):
-    target, draft = model_dirs
+def tiny_run(tmp_path_factory, tiny_model_dirs):
+    target, draft = tiny_model_dirs
     out = tmp_path_factory.mktemp("bench_out")
     argv = ["bench", "--model", str(target), "--draft-model", str(draft), "--categories", "qa,extraction",
             "--num-prompts", "2", "--max-new-tokens", "6", "--repeats", "2", "-k", "3", "--out", str(out),

@@ -4,51 +4,46 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_models import save_tiny_model
 
 import genspec
 from genspec.cli import main
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("m") / "target", seed=0, layers=4)
-
-
 @pytest.mark.parametrize("what, key", [("early-exit", "exit_layer"), ("layer-skip", "skip")])
-def test_calibrate_self_speculation(tmp_path, model_dir, what, key):
+def test_calibrate_self_speculation(tmp_path, tiny_model_dir_4_layers, what, key):
     out = tmp_path / f"{what}.json"
-    assert main(["calibrate", what, "--model", str(model_dir), "--out", str(out), "--tokens", "6"]) == 0
+    assert main(["calibrate", what, "--model", str(tiny_model_dir_4_layers), "--out", str(out),
+                 "--tokens", "6"]) == 0
     data = json.loads(out.read_text())
     assert key in data and 0.0 <= data["alpha"] <= 1.0 and data["candidates"]
     best = max(c["predicted_speedup"] for c in data["candidates"])
     assert data["predicted_speedup"] >= min(best, 1.0) - 1e-12
-    target = genspec.load_model(str(model_dir))
+    target = genspec.load_model(str(tiny_model_dir_4_layers))
     option = {"exit_layer": str(out)} if what == "early-exit" else {"skip": str(out)}
     drafter = genspec.build_drafter(what, target, **option)
     expected = data["exit_layer"] if what == "early-exit" else 4 - len(data["skip"])
     assert len(drafter.model._decoder.layers) == expected
 
 
-def test_draft_vocab_from_corpus(tmp_path, model_dir):
+def test_draft_vocab_from_corpus(tmp_path, tiny_model_dir_4_layers):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("aaaa bbb cc d " * 20)
     out = tmp_path / "vocab.json"
-    assert main(["calibrate", "draft-vocab", "--model", str(model_dir), "--corpus", str(corpus), "--size", "3",
-                 "--out", str(out)]) == 0
+    assert main(["calibrate", "draft-vocab", "--model", str(tiny_model_dir_4_layers), "--corpus", str(corpus),
+                 "--size", "3", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
-    target = genspec.load_model(str(model_dir))
+    target = genspec.load_model(str(tiny_model_dir_4_layers))
     a, space = target.tokenizer("a")["input_ids"][0], target.tokenizer(" ")["input_ids"][0]
     assert {a, space} <= set(data["token_ids"])
     assert 0.5 < data["coverage"] <= 1.0
 
 
-def test_draft_vocab_bad_corpus(tmp_path, model_dir, capsys):
-    assert main(["calibrate", "draft-vocab", "--model", str(model_dir), "--corpus", str(tmp_path / "none.txt"),
-                 "--out", str(tmp_path / "v.json")]) == 2
+def test_draft_vocab_bad_corpus(tmp_path, tiny_model_dir_4_layers, capsys):
+    assert main(["calibrate", "draft-vocab", "--model", str(tiny_model_dir_4_layers), "--corpus",
+                 str(tmp_path / "none.txt"), "--out", str(tmp_path / "v.json")]) == 2
     assert "corpus file not found" in capsys.readouterr().err
     binary = tmp_path / "blob.bin"
     binary.write_bytes(b"\xff\xfe\x00\x80" * 10)
-    assert main(["calibrate", "draft-vocab", "--model", str(model_dir), "--corpus", str(binary),
+    assert main(["calibrate", "draft-vocab", "--model", str(tiny_model_dir_4_layers), "--corpus", str(binary),
                  "--out", str(tmp_path / "v.json")]) == 2
     assert "UTF-8" in capsys.readouterr().err

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_models import save_tiny_model
 
 from genspec.cli import main
 
@@ -13,20 +12,20 @@ STATS_KEYS = {"drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_acce
               "tokens_per_second"}
 
 
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return save_tiny_model(root / "target", seed=0), save_tiny_model(root / "draft", seed=1, layers=1)
-
-
 def run_json(capsys, argv):
     assert main(argv) == 0
     return json.loads(capsys.readouterr().out)
 
 
+def _run(capsys, argv):
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 @pytest.mark.parametrize("drafter", ["prompt-lookup", "draft-model"])
-def test_generate_json_and_greedy_equality(capsys, model_dirs, drafter):
-    target, draft = model_dirs
+def test_generate_json_and_greedy_equality(capsys, tiny_model_dirs, drafter):
+    target, draft = tiny_model_dirs
     base = ["generate", "--model", str(target), "--prompt", "abcabcabc", "--max-new-tokens", "12", "--json"]
     plain = run_json(capsys, base + ["--drafter", "none"])
     extra = ["--draft-model", str(draft)] if drafter == "draft-model" else []
@@ -37,13 +36,24 @@ def test_generate_json_and_greedy_equality(capsys, model_dirs, drafter):
     assert len(spec["samples"][0]["token_ids"]) == spec["stats"]["new_tokens"]
 
 
-def test_generate_samples_with_seed_are_reproducible(capsys, model_dirs):
-    target, _ = model_dirs
+def test_generate_samples_with_seed_are_reproducible(capsys, tiny_model_dirs):
+    target, _ = tiny_model_dirs
     argv = ["generate", "--model", str(target), "--prompt", "xyz", "--max-new-tokens", "6", "--temperature", "0.8",
             "--top-p", "0.9", "--seed", "5", "--num-samples", "3", "--json"]
     first, second = run_json(capsys, argv), run_json(capsys, argv)
     assert len(first["samples"]) == 3
     assert first["samples"] == second["samples"]
+
+
+def test_generate_with_edit_source(capsys, tmp_path, tiny_model_dir):
+    source = tmp_path / "source.txt"
+    source.write_text("hello wrld, hello world")
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "fix: hello wrld", "--max-new-tokens", "10",
+            "--json"]
+    _, out, _ = _run(capsys, base + ["--drafter", "none"])
+    code, spec, _ = _run(capsys, base + ["--drafter", "edit", "--edit-source", str(source), "-k", "4"])
+    assert code == 0
+    assert json.loads(spec)["samples"][0]["token_ids"] == json.loads(out)["samples"][0]["token_ids"]
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -62,8 +72,8 @@ def test_generate_samples_with_seed_are_reproducible(capsys, model_dirs):
     (["--drafter", "layer-skip", "-O", "skip=/no/skip.json"], "not found"),
     (["-O", "novalue"], "KEY=VALUE"),
 ])
-def test_generate_bad_input_is_one_clear_line(capsys, model_dirs, extra, message):
-    target, _ = model_dirs
+def test_generate_bad_input_is_one_clear_line(capsys, tiny_model_dirs, extra, message):
+    target, _ = tiny_model_dirs
     argv = ["generate", "--model", str(target), "--prompt", "hi", "--max-new-tokens", "2"] + extra
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -71,13 +81,36 @@ def test_generate_bad_input_is_one_clear_line(capsys, model_dirs, extra, message
     assert len(err.splitlines()) == 1 and "Traceback" not in err
 
 
-def test_generate_prompt_longer_than_context(capsys, model_dirs):
-    target, _ = model_dirs
+def _bad_drafter_inputs(tmp_path, model_dir):
+    (tmp_path / "binary.txt").write_bytes(b"\x7fELF\x00\x01\x02" * 10)
+    gen = ["generate", "--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "2"]
+    return [
+        (gen + ["--drafter", "retrieval", "-O", f"index={tmp_path / 'no-index'}"], "no retrieval index at"),
+        (gen + ["--drafter", "retrieval"], "needs a datastore"),
+        (gen + ["--drafter", "edit", "--edit-source", str(tmp_path / "missing.txt")], "edit source file not found"),
+        (gen + ["--drafter", "edit", "--edit-source", str(tmp_path / "binary.txt")], "binary file"),
+        (gen + ["--drafter", "ngram-cache", "-O", f"corpus={tmp_path / 'binary.txt'}"], "binary file"),
+        (gen + ["--drafter", "ngram-cache", "-O", f"corpus={tmp_path / 'nothing'}"], "corpus not found"),
+        (gen + ["--drafter", "prompt-lookup", "-O", "min_ngram=0"], "min_ngram"),
+        (gen + ["--drafter", "lookahead", "-O", "ngram_size=1"], "ngram_size"),
+    ]
+
+
+def test_generate_bad_drafter_input_gives_one_line_errors(capsys, tmp_path, tiny_model_dir):
+    for argv, message in _bad_drafter_inputs(tmp_path, tiny_model_dir):
+        code, _, err = _run(capsys, argv)
+        assert code == 2, argv
+        assert message in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_generate_prompt_longer_than_context(capsys, tiny_model_dirs):
+    target, _ = tiny_model_dirs
     assert main(["generate", "--model", str(target), "--prompt", "a" * 400, "--max-new-tokens", "2"]) == 2
     assert "context" in capsys.readouterr().err
 
 
-def test_vocabulary_mismatch(capsys, model_dirs, tmp_path):
+def test_vocabulary_mismatch(capsys, tiny_model_dirs, tmp_path):
     import sys
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
@@ -85,25 +118,14 @@ def test_vocabulary_mismatch(capsys, model_dirs, tmp_path):
 
     other = tmp_path / "other"
     tiny_llama(2, vocab=100, dtype=__import__("torch").float32).save_pretrained(other)
-    target, _ = model_dirs
+    target, _ = tiny_model_dirs
     argv = ["generate", "--model", str(target), "--prompt", "hi", "--drafter", "draft-model", "--draft-model",
             str(other)]
     assert main(argv) == 2
     assert "vocabularies differ" in capsys.readouterr().err
 
 
-def test_stream_chunks_join_to_the_generated_text(model_dirs):
-    import genspec
-
-    target, _ = model_dirs
-    engine = genspec.load(str(target), drafter="prompt-lookup")
-    chunks = list(engine.stream("abcabcabc", max_new_tokens=16, eos_token_ids=()))
-    full = engine.generate("abcabcabc", max_new_tokens=16, eos_token_ids=())[0]
-    assert len(chunks) >= 2
-    assert "".join(chunks) == full.text
-
-
-def test_stream_cli(capsys, model_dirs):
-    target, _ = model_dirs
+def test_stream_cli(capsys, tiny_model_dirs):
+    target, _ = tiny_model_dirs
     assert main(["generate", "--model", str(target), "--prompt", "abab", "--max-new-tokens", "5", "--stream"]) == 0
     assert capsys.readouterr().out.strip() != ""

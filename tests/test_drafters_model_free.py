@@ -1,26 +1,25 @@
 """Model-free drafters (prompt lookup, n-gram cache, retrieval, edit, lookahead): greedy equality with
 plain decoding, exact sampling with deterministic (tree) drafts, edit re-alignment on a copying
-target, the retrieval datastore round trip, learning across requests, and clear input errors."""
+target, prompt lookup's matches and evidence, the retrieval datastore round trip, learning across
+requests, and clear errors for bad drafter options."""
 from __future__ import annotations
 
-import json
 import random
 
 import numpy as np
 import pytest
 import torch
 from stats_helpers import chi_square_pvalue
-from tiny_models import byte_tokenizer, exact_joint, peaked, save_tiny_model, tiny_llama
+from tiny_models import byte_tokenizer, exact_joint, peaked, tiny_llama
 
 import genspec
-from genspec.cli import main
 from genspec.datastore import SEPARATOR, RetrievalIndex, suffix_array, suffix_array_doubling
+from genspec.drafters.base import DraftRequest, RequestContext
 from genspec.drafters.edit import EditDrafter
 from genspec.drafters.lookahead import LookaheadDrafter
 from genspec.drafters.ngram_cache import CountTable, NGramCacheDrafter, StaticTable, clear_process_tables
 from genspec.drafters.prompt_lookup import NGramIndex, PromptLookupDrafter
 from genspec.drafters.retrieval import RetrievalDrafter
-from genspec.drafters.base import DraftRequest, RequestContext
 from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
@@ -32,15 +31,10 @@ NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def target():
-    return HFCausalLM(tiny_llama(0))
-
-
-@pytest.fixture(scope="module")
-def plain(target):
+def plain(tiny_target):
     """Plain greedy outputs of PROMPTS (the reference every drafter must reproduce)."""
-    return [r.token_ids for r in SpeculativeEngine(target).generate_ids(PROMPTS, max_new_tokens=NEW_TOKENS,
-                                                                        eos_token_ids=())]
+    return [r.token_ids for r in SpeculativeEngine(tiny_target).generate_ids(PROMPTS, max_new_tokens=NEW_TOKENS,
+                                                                             eos_token_ids=())]
 
 
 def _noisy(tokens: list[int], seed: int) -> list[int]:
@@ -111,31 +105,31 @@ def propose(drafter, sequences, limits):
 # ------------------------------------------------------------------------------- greedy equality
 @pytest.mark.parametrize("name", DRAFTER_NAMES)
 @pytest.mark.parametrize("batch", [1, 4])
-def test_greedy_speculation_equals_plain_decoding(target, plain, name, batch):
+def test_greedy_speculation_equals_plain_decoding(tiny_target, plain, name, batch):
     drafter = model_free_drafters(plain)[name](batch)
     options = ([{"source": _noisy(o, 10 + i)} for i, o in enumerate(plain[:batch])] if name in PER_REQUEST_SOURCE
                else None)
     # fixed k: with the cost policy a tiny model's timings may switch drafting off, and the test
     # below is that the drafts were really used
-    results = run_requests(SpeculativeEngine(target, drafter), PROMPTS[:batch], options, max_new_tokens=NEW_TOKENS,
-                           num_draft_tokens=4, eos_token_ids=(), draft_length="fixed")
+    results = run_requests(SpeculativeEngine(tiny_target, drafter), PROMPTS[:batch], options,
+                           max_new_tokens=NEW_TOKENS, num_draft_tokens=4, eos_token_ids=(), draft_length="fixed")
     assert [tokens for tokens, _ in results] == plain[:batch]
     if name not in ("edit-prompt-source",):
         assert sum(step.stats.accepted_tokens for _, step in results) > 0  # the drafts really were used
 
 
-def test_registry_builds_every_model_free_drafter(target, tmp_path):
+def test_registry_builds_every_model_free_drafter(tiny_target, tmp_path):
     index_dir = RetrievalIndex.from_documents([[5, 6, 7, 8]]).save(tmp_path / "index")
     for name, options in [("prompt-lookup", {"num_drafts": 2}), ("ngram-cache", {}),
                           ("retrieval", {"index": str(index_dir)}), ("edit", {"edit_source": [5, 6, 7]}),
                           ("lookahead", {"ngram_size": 3})]:
-        drafter = genspec.build_drafter(name, target, **options)
+        drafter = genspec.build_drafter(name, tiny_target, **options)
         assert drafter.name == name and drafter.free
-    assert genspec.build_drafter("prompt-lookup", target, num_drafts=2).num_candidates == 2
+    assert genspec.build_drafter("prompt-lookup", tiny_target, num_drafts=2).num_candidates == 2
     with pytest.raises(ConfigError, match="does not take option"):
-        genspec.build_drafter("lookahead", target, bogus=1)
+        genspec.build_drafter("lookahead", tiny_target, bogus=1)
     with pytest.raises(ConfigError, match="needs a datastore"):
-        genspec.build_drafter("retrieval", target)
+        genspec.build_drafter("retrieval", tiny_target)
 
 
 # ------------------------------------------------------------------------------- lossless sampling
@@ -310,6 +304,22 @@ def test_edit_drafter_uses_the_prompt_without_source():
     assert result.stats.mean_accepted_length > 4
 
 
+def test_edit_drafter_drafts_the_outputs_own_repeats():
+    """Text the output wrote itself (not in the source) and now repeats is drafted from the output."""
+    from genspec.sampling import SamplingConfig
+
+    source = list(range(100, 140))
+    drafter = EditDrafter(source)
+    prompt = [1, 2]
+    drafter.start([RequestContext(0, prompt, SamplingConfig())])
+    sequence = prompt + [100, 101, 102, 103] + [50, 51, 52, 53, 54, 55] + [104, 105] + [50, 51, 52]
+    assert chains_of(propose(drafter, [sequence], [3])) == [[53, 54, 55]]
+    # while the output copies the source along, the source wins
+    drafter.start([RequestContext(0, prompt, SamplingConfig())])
+    propose(drafter, [prompt + [100, 101]], [3])
+    assert chains_of(propose(drafter, [prompt + [100, 101, 102]], [3])) == [[103, 104, 105]]
+
+
 # ------------------------------------------------------------------------------- prompt lookup
 def test_prompt_lookup_longest_then_most_recent():
     drafter = PromptLookupDrafter(max_ngram=3, num_candidates=3)
@@ -326,6 +336,14 @@ def test_prompt_lookup_repeats_a_period_past_the_end():
     assert chains_of(draft) == [[1, 2, 1, 2, 1, 2]]
 
 
+def test_prompt_lookup_reports_match_length_as_evidence():
+    drafter = PromptLookupDrafter(max_ngram=3)
+    seq = [1, 2, 3, 4, 9, 9, 1, 2, 3]  # last 3 tokens seen before: a 3-gram match
+    draft = drafter.propose([DraftRequest(i, s, 4) for i, s in enumerate([seq, [5, 6, 7], [1, 8, 1]])])
+    assert draft.evidence == (3, 0, 1)
+    assert draft.first_chain(0) == [4, 9, 9, 1]
+
+
 def test_ngram_index_is_exact_after_rollback():
     rng = random.Random(0)
     sequence = [rng.randrange(5) for _ in range(200)]
@@ -338,14 +356,14 @@ def test_ngram_index_is_exact_after_rollback():
 
 
 # ------------------------------------------------------------------------------- n-gram cache
-def test_ngram_cache_learns_across_requests(target):
+def test_ngram_cache_learns_across_requests(tiny_target):
     """A second request with the same prompt is drafted from what the first one generated, even by a
     new drafter instance (the table lives in the process)."""
     clear_process_tables()
     prompt = [[13, 17, 19, 23]]
 
     def run():
-        return SpeculativeEngine(target, NGramCacheDrafter(namespace="learn-test")).generate_ids(
+        return SpeculativeEngine(tiny_target, NGramCacheDrafter(namespace="learn-test")).generate_ids(
             prompt, max_new_tokens=40, num_draft_tokens=6, eos_token_ids=(), draft_length="fixed")[0]
 
     first, second = run(), run()
@@ -357,23 +375,12 @@ def test_ngram_cache_learns_across_requests(target):
     # a drafter built before the clear forgets too (benchmark repeats reuse their drafter instances)
     clear_process_tables()
     kept = NGramCacheDrafter(namespace="learn-test")
-    engine = SpeculativeEngine(target, kept)
+    engine = SpeculativeEngine(tiny_target, kept)
     engine.generate_ids(prompt, max_new_tokens=40, num_draft_tokens=6, eos_token_ids=(), draft_length="fixed")
     clear_process_tables()
     again = engine.generate_ids(prompt, max_new_tokens=40, num_draft_tokens=6, eos_token_ids=(),
                                 draft_length="fixed")[0]
     assert again.stats.accepted_tokens == first.stats.accepted_tokens
-
-
-def test_bench_gives_each_learning_method_its_own_memory():
-    from genspec.bench.methods import drafter_options, parse_method, sweep_methods
-
-    a, b = parse_method("ngram-cache"), parse_method("ngram-cache:corpus=x")
-    sweep = sweep_methods(a, [2, 4])
-    namespaces = {drafter_options(m)["namespace"] for m in [a, b] + sweep}
-    assert len(namespaces) == 4
-    assert drafter_options(parse_method("ngram-cache:namespace=mine"))["namespace"] == "mine"
-    assert "namespace" not in drafter_options(parse_method("prompt-lookup"))
 
 
 def test_count_table_leader_and_removal():
@@ -452,91 +459,7 @@ def test_retrieval_with_context_takes_the_longer_match():
         RetrievalDrafter(index, context="yes")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
-
-
-def _run(capsys, argv):
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_index_build_cli_and_retrieval_generate(capsys, tmp_path, model_dir):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "a.txt").write_text("abcabcabc hello world, hello world, hello world\n")
-    (corpus / "b.jsonl").write_text(json.dumps({"text": "the quick brown fox"}) + "\n" + json.dumps("xyz xyz") + "\n")
-    code, _, err = _run(capsys, ["index", "build", str(corpus), "--out", str(tmp_path / "ds"),
-                                 "--model", str(model_dir)])
-    assert code == 0 and "3 documents" in err
-    index = RetrievalIndex.load(tmp_path / "ds")
-    assert index.meta["num_documents"] == 3 and (index.tokens == SEPARATOR).sum() == 3
-    base = ["generate", "--model", str(model_dir), "--prompt", "hello world, hello", "--max-new-tokens", "12",
-            "--json"]
-    code, out, _ = _run(capsys, base + ["--drafter", "none"])
-    plain = json.loads(out)
-    code, out, _ = _run(capsys, base + ["--drafter", "retrieval", "-O", f"index={tmp_path / 'ds'}", "-k", "4",
-                                        "--num-drafts", "2"])
-    assert code == 0
-    assert json.loads(out)["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
-
-
-def test_generate_with_edit_source(capsys, tmp_path, model_dir):
-    source = tmp_path / "source.txt"
-    source.write_text("hello wrld, hello world")
-    base = ["generate", "--model", str(model_dir), "--prompt", "fix: hello wrld", "--max-new-tokens", "10",
-            "--json"]
-    _, out, _ = _run(capsys, base + ["--drafter", "none"])
-    code, spec, _ = _run(capsys, base + ["--drafter", "edit", "--edit-source", str(source), "-k", "4"])
-    assert code == 0
-    assert json.loads(spec)["samples"][0]["token_ids"] == json.loads(out)["samples"][0]["token_ids"]
-
-
-# ------------------------------------------------------------------------------- bad input
-def _bad_inputs(tmp_path, model_dir):
-    (tmp_path / "empty.txt").write_text("")
-    (tmp_path / "blank.txt").write_text("  \n\n ")
-    (tmp_path / "binary.txt").write_bytes(b"\x7fELF\x00\x01\x02" * 10)
-    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{oops\n')
-    (tmp_path / "nodocs").mkdir()
-    (tmp_path / "nodocs" / "image.png").write_bytes(b"\x89PNG")
-    (tmp_path / "afile").write_text("x")
-    index = ["index", "build", "--model", str(model_dir), "--out", str(tmp_path / "out")]
-    gen = ["generate", "--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "2"]
-    return [
-        (index + [str(tmp_path / "missing.txt")], "corpus not found"),
-        (index + [str(tmp_path / "empty.txt")], "is empty"),
-        (index + [str(tmp_path / "blank.txt")], "is empty"),
-        (index + [str(tmp_path / "binary.txt")], "binary file"),
-        (index + [str(tmp_path / "latin1.txt")], "not UTF-8"),
-        (index + [str(tmp_path / "bad.jsonl")], "bad.jsonl:2: not a JSON line"),
-        (index + [str(tmp_path / "nodocs")], "no .txt or .jsonl files"),
-        (["index", "build", str(tmp_path / "blank.txt"), "--out", str(tmp_path / "afile")], "is a file"),
-        (["index", "build", str(tmp_path / "afile"), "--out", str(tmp_path / "o2"), "--model", str(tmp_path)],
-         "cannot load a tokenizer"),
-        (gen + ["--drafter", "retrieval", "-O", f"index={tmp_path / 'no-index'}"], "no retrieval index at"),
-        (gen + ["--drafter", "retrieval"], "needs a datastore"),
-        (gen + ["--drafter", "edit", "--edit-source", str(tmp_path / "missing.txt")], "edit source file not found"),
-        (gen + ["--drafter", "edit", "--edit-source", str(tmp_path / "binary.txt")], "binary file"),
-        (gen + ["--drafter", "ngram-cache", "-O", f"corpus={tmp_path / 'binary.txt'}"], "binary file"),
-        (gen + ["--drafter", "ngram-cache", "-O", f"corpus={tmp_path / 'nothing'}"], "corpus not found"),
-        (gen + ["--drafter", "prompt-lookup", "-O", "min_ngram=0"], "min_ngram"),
-        (gen + ["--drafter", "lookahead", "-O", "ngram_size=1"], "ngram_size"),
-    ]
-
-
-def test_bad_input_gives_one_line_errors(capsys, tmp_path, model_dir):
-    for argv, message in _bad_inputs(tmp_path, model_dir):
-        code, _, err = _run(capsys, argv)
-        assert code == 2, argv
-        assert message in err, (argv, err)
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-
-
-def test_index_built_for_another_tokenizer_is_refused(tmp_path, target):
+def test_index_built_for_another_tokenizer_is_refused(tmp_path, tiny_target):
     class Other:
         name_or_path = "other"
 
@@ -550,19 +473,3 @@ def test_index_built_for_another_tokenizer_is_refused(tmp_path, target):
     target_with_tokenizer = CopyModel([[0]], 64, Other())
     with pytest.raises(ConfigError, match="another tokenizer"):
         RetrievalDrafter.for_target(target_with_tokenizer, index=index)
-
-
-def test_edit_drafter_drafts_the_outputs_own_repeats():
-    """Text the output wrote itself (not in the source) and now repeats is drafted from the output."""
-    from genspec.sampling import SamplingConfig
-
-    source = list(range(100, 140))
-    drafter = EditDrafter(source)
-    prompt = [1, 2]
-    drafter.start([RequestContext(0, prompt, SamplingConfig())])
-    sequence = prompt + [100, 101, 102, 103] + [50, 51, 52, 53, 54, 55] + [104, 105] + [50, 51, 52]
-    assert chains_of(propose(drafter, [sequence], [3])) == [[53, 54, 55]]
-    # while the output copies the source along, the source wins
-    drafter.start([RequestContext(0, prompt, SamplingConfig())])
-    propose(drafter, [prompt + [100, 101]], [3])
-    assert chains_of(propose(drafter, [prompt + [100, 101, 102]], [3])) == [[103, 104, 105]]

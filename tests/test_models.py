@@ -1,4 +1,5 @@
-"""The Hugging Face adapter: exact logits against a pristine transformers model, loading errors."""
+"""The Hugging Face adapter: exact logits against a pristine transformers model, its KV cache (rollback,
+tree blocks), loading errors, the LM head and linear kernels."""
 from __future__ import annotations
 
 import pytest
@@ -36,6 +37,50 @@ def test_last_only_logits():
     model.reset(2)
     full = model.forward(ids, valid)
     assert torch.allclose(last[0, 0], full[0, 3]) and torch.allclose(last[1, 0], full[1, 1])
+
+
+def test_kv_rollback_matches_fresh_prefill():
+    """Logits after rollback + re-feed equal a fresh prefill (float64: 1e-9; Gemma 3, whose RMSNorm
+    computes in float32 whatever the input dtype: 1e-5; a wrong rollback is off by ~0.1)."""
+    for build, tolerance in ((tiny_llama, 1e-9), (tiny_gemma3, 1e-5)):
+        model = HFCausalLM(build(0))
+        ids = torch.randint(3, 64, (2, 24), generator=torch.Generator().manual_seed(0))
+        fresh = HFCausalLM(build(0))
+        fresh.reset(2)
+        reference = fresh.forward(ids)
+        model.reset(2)
+        model.forward(ids[:, :10])
+        model.commit_all()
+        model.forward(ids[:, 10:18])  # a chain of 8 drafts, 3 kept in row 0, 6 in row 1
+        model.keep_block(torch.tensor([[0, 1, 2, -1, -1, -1], [0, 1, 2, 3, 4, 5]]))
+        model.truncate(torch.tensor([12, 15]))
+        assert model.lengths.tolist() == [12, 15]
+        refeed = torch.stack([ids[0, 12:20], ids[1, 15:23]])
+        out = model.forward(refeed)
+        assert torch.allclose(out[0], reference[0, 12:20], atol=tolerance, rtol=0)
+        assert torch.allclose(out[1], reference[1, 15:23], atol=tolerance, rtol=0)
+
+
+def test_tree_block_logits_match_each_branch():
+    """A token tree in one pass gives each node the logits of its own branch."""
+    model = HFCausalLM(tiny_llama(0))
+    prefix = [5, 6, 7]
+    model.reset(1)
+    model.forward(torch.tensor([prefix[:-1]]))
+    model.commit_all()
+    # tree: 0=last(7) -> 1=(8) -> 3=(9); 0 -> 2=(10) -> 4=(11)
+    block = torch.tensor([[7, 8, 10, 9, 11]])
+    parents = [-1, 0, 0, 1, 2]
+    mask = torch.eye(5, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    out = model.forward(block, tree_mask=mask.unsqueeze(0))[0]
+    with torch.no_grad():
+        branch_a = model.model(torch.tensor([prefix + [8, 9]])).logits[0, -3:]
+        branch_b = model.model(torch.tensor([prefix + [10, 11]])).logits[0, -2:]
+    assert torch.allclose(out[[0, 1, 3]], branch_a, atol=1e-9)
+    assert torch.allclose(out[[2, 4]], branch_b, atol=1e-9)
 
 
 def test_from_pretrained_round_trip(tmp_path):

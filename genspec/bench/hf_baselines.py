@@ -99,11 +99,10 @@ class HFDecoder:
 
     kind = "hf"
 
-    def __init__(self, spec: MethodSpec, model, eos_token_ids: list[int], pad_token_id: int | None,
-                 assistant=None, num_layers: int | None = None, clock: ForwardClock | None = None,
-                 log: StepLog | None = None):
+    def __init__(self, spec: MethodSpec, model, clock: ForwardClock, log: StepLog, eos_token_ids: list[int],
+                 pad_token_id: int | None, assistant=None, num_layers: int | None = None):
         """``clock`` / ``log``: the model's forward clock and step log, shared by the methods that run
-        it (one hook each per model); made here if not given."""
+        it (one hook each per model)."""
         self.spec = spec
         self.name = spec.name
         self.model = model
@@ -117,8 +116,7 @@ class HFDecoder:
             self.kwargs["assistant_model"] = assistant
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_ids or [0])[0]
-        self.clock = clock if clock is not None else ForwardClock().attach(model)
-        self.log = log if log is not None else StepLog(model)
+        self.clock, self.log = clock, log
         self.assistant_clock = None
         if assistant is not None:
             self.assistant_clock = ForwardClock().attach(assistant)

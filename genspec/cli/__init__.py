@@ -17,7 +17,7 @@ _SUBCOMMANDS = [
     "genspec.cli.demo",
     "genspec.cli.index",
     "genspec.cli.calibrate",
-    "genspec.bench.cli",
+    "genspec.cli.bench",
 ]
 
 

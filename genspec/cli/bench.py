@@ -12,11 +12,8 @@ category, diagnostics, noise notes) and PNG plots into ``--out``.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shlex
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from genspec.errors import ConfigError, InputFileError
@@ -159,46 +156,11 @@ def command_line(s: dict) -> str:
     return shlex.join(parts + ["--out", str(s["out"])])
 
 
-# --------------------------------------------------------------------------- environment
-def machine_info() -> dict:
-    import torch
-    import transformers
-
-    import genspec
-
-    cpu_model, physical = platform.processor() or platform.machine(), set()
-    try:
-        current = {}
-        for line in Path("/proc/cpuinfo").read_text().splitlines() + [""]:
-            key, _, value = line.partition(":")
-            key, value = key.strip(), value.strip()
-            if not key:
-                if "core id" in current:
-                    physical.add((current.get("physical id"), current["core id"]))
-                current = {}
-            else:
-                current[key] = value
-                if key == "model name":
-                    cpu_model = value
-    except OSError:
-        pass
-    return {"cpu_model": cpu_model, "logical_cores": os.cpu_count(), "physical_cores": len(physical) or None,
-            "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "genspec": genspec.__version__,
-            "blas": "MKL" if torch.backends.mkl.is_available() else "other"}
-
-
-def model_info(path, target) -> dict:
-    config = getattr(target.model, "config", None)
-    return {"path": str(path), "architecture": (getattr(config, "architectures", None) or [type(target.model).__name__])[0],
-            "num_layers": target.num_layers, "vocab_size": target.vocab_size, "dtype": str(target.dtype),
-            "max_context": target.max_context}
-
-
 # --------------------------------------------------------------------------- the run
 def run_bench(args) -> int:
     from rich.console import Console
+
+    from genspec.bench.run import execute, write_outputs
 
     console = Console(stderr=True)
     if args.report_from:
@@ -213,7 +175,7 @@ def run_bench(args) -> int:
 
     threads = torch.get_num_threads()
     try:
-        results = execute(settings, prompts, console)
+        results = execute(settings, prompts, console, command_line(settings))
     finally:
         torch.set_num_threads(threads)  # as it was (bench may run inside a larger program)
     results["elapsed_s"] = time.perf_counter() - started
@@ -222,163 +184,9 @@ def run_bench(args) -> int:
     return 130 if results.get("interrupted") else 0
 
 
-def execute(s: dict, prompts, console) -> dict:
-    import genspec
-    from genspec.bench.hf_baselines import ForwardClock, HFDecoder, StepLog, load_hf_model
-    from genspec.bench.methods import HF_PLAIN, drafter_options, sweep_methods
-    from genspec.bench.runner import GenspecDecoder, encode_all, run_interleaved, warm_up
-    from genspec.engine import GenerationConfig
-
-    if s["threads"]:
-        import torch
-
-        torch.set_num_threads(s["threads"])
-    config = GenerationConfig(max_new_tokens=s["max_new_tokens"], num_draft_tokens=s["num_draft_tokens"],
-                              temperature=s["temperature"], seed=s["seed"], draft_length=s["draft_length"])
-    with console.status("loading the target model (genspec)"):
-        model_path = s["model"]
-        if model_path is None:
-            from genspec.models.default import default_model_dir
-
-            model_path = default_model_dir()
-        target = genspec.load_model(str(model_path), dtype=s["dtype"])
-    eos = list(target.eos_token_ids)  # what generate() stops at too: the tokenizer's and the model's
-    config = replace(config, eos_token_ids=tuple(eos))
-    drafters = {}
-
-    def drafter_for(spec):
-        options = drafter_options(spec)
-        key = (spec.base, json.dumps(options, sort_keys=True, default=str))
-        if key not in drafters:  # methods that differ only in engine settings share a drafter
-            with console.status(f"building drafter {spec.base}"):
-                drafters[key] = genspec.build_drafter(spec.base, target, **options)
-        return drafters[key]
-
-    main_specs = list(s["methods"])
-    sweep_specs = []
-    if s["k_sweep"]:
-        sweep_specs = sweep_methods(s["sweep_method"], s["k_sweep"])
-    decoders, sweep_decoders = {}, []
-    for spec in main_specs + ([s["sweep_method"]] if s["sweep_method"] else []) + sweep_specs:
-        if spec.kind == "genspec" and spec.name not in decoders:
-            decoders[spec.name] = GenspecDecoder(spec, target, drafter_for(spec) if spec.base != "none" else None,
-                                                 target.tokenizer)
-    hf_specs = [m for m in main_specs if m.kind == "hf"]
-    with console.status("loading an untouched copy of the model for the transformers baselines"):
-        hf_model = load_hf_model(model_path, s["dtype"])
-        assistant = load_hf_model(s["draft_model"], s["dtype"]) if any(m.base == "hf-assisted" for m in hf_specs) else None
-    pad = getattr(target.tokenizer, "pad_token_id", None)
-    clock, log = ForwardClock().attach(hf_model), StepLog(hf_model)  # observed once, shared by the HF methods
-    for spec in hf_specs:
-        decoders[spec.name] = HFDecoder(spec, hf_model, eos, pad, assistant if spec.base == "hf-assisted" else None,
-                                        num_layers=target.num_layers, clock=clock, log=log)
-    main = [decoders[m.name] for m in main_specs]
-    if s["sweep_method"] and s["sweep_method"].name not in {m.name for m in main_specs}:
-        sweep_decoders.append(decoders[s["sweep_method"].name])
-    sweep_decoders += [decoders[m.name] for m in sweep_specs]
-
-    prompt_ids = encode_all(prompts, target.tokenizer)
-    kept, skipped = [], []
-    for prompt, ids in zip(prompts, prompt_ids):
-        if target.max_context is not None and len(ids) + s["max_new_tokens"] > target.max_context:
-            skipped.append({"category": prompt.category, "question_id": prompt.question_id, "prompt_tokens": len(ids)})
-        else:
-            kept.append((prompt, ids))
-    if skipped:
-        console.print(f"skipping {len(skipped)} prompt(s) longer than the model's context of {target.max_context} "
-                      f"tokens minus --max-new-tokens", markup=False)
-    if not kept:
-        raise ConfigError(f"no prompt fits the model's context of {target.max_context} tokens with "
-                          f"--max-new-tokens {s['max_new_tokens']}")
-    sweep_keys = set()
-    for prompt, _ in kept[:s["sweep_prompts"]] if sweep_decoders else []:
-        sweep_keys.add((prompt.category, prompt.question_id))
-
-    with console.status("warming up every method (not timed)"):
-        warm_up(main + sweep_decoders, kept[0][1], config)
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    total = s["repeats"] * (len(kept) * len(main) + len(sweep_keys) * len(sweep_decoders))
-    records = []
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[last]}"),
-                  console=console, transient=True) as progress:
-        task = progress.add_task("decoding", total=total, last="")
-
-        def on_progress(text, record):
-            if record is None:
-                progress.update(task, description=text)
-            else:
-                last = (f"[red]{record['method']} failed[/red]" if record["error"] else
-                        f"last: {record['method']} {record['tokens_per_second']:.1f} tok/s")
-                progress.update(task, advance=1, last=last)
-
-        interrupted = False
-        try:
-            from genspec.drafters.ngram_cache import clear_process_tables
-
-            for repeat in range(s["repeats"]):
-                # repeats are independent replicates: a drafter that learns across requests (ngram-cache's
-                # process table) must not have seen this very suite's outputs in an earlier repeat
-                clear_process_tables()
-                for index, (prompt, ids) in enumerate(kept):
-                    extra = sweep_decoders if (prompt.category, prompt.question_id) in sweep_keys else []
-                    batch = run_interleaved(main + extra, [prompt], [ids], config, repeats=1,
-                                            on_progress=on_progress, rotation=index + repeat)
-                    for record in batch:
-                        record["repeat"] = repeat
-                        if any(record["method"] == d.name for d in extra):
-                            record["phase"] = "sweep"
-                        records.append(record)
-        except KeyboardInterrupt:  # keep what was measured: a long run stopped early still reports
-            interrupted = True
-            console.print("interrupted: writing the results of the prompts finished so far", markup=False)
-    if not records:
-        raise KeyboardInterrupt
-
-    by_name = {spec.name: spec for spec in main_specs + sweep_specs + ([s["sweep_method"]] if s["sweep_method"] else [])}
-    for record in records:
-        spec = by_name[record["method"]]
-        record["k"] = spec.config_overrides.get("num_draft_tokens") if record["method"] in {m.name for m in sweep_specs} else None
-    # the sweep's reference points (plain, the sweep method with its own policy) come from the same
-    # interleaved calls on the sweep prompts
-    for record in list(records):
-        if (record["phase"] == "main" and (record["category"], record["question_id"]) in sweep_keys
-                and s["sweep_method"] is not None and record["method"] in ("plain", s["sweep_method"].name)):
-            records.append(dict(record, phase="sweep", k=None))
-
-    settings = {k: v for k, v in s.items() if k not in ("methods", "sweep_method", "out")}
-    settings.update(out=str(s["out"]), sweep_prompts=len(sweep_keys), sweep_method=s["sweep_method"].name if s["sweep_method"] else None,
-                    eos_token_ids=eos, model=str(model_path), prompts_skipped=skipped,
-                    hf_generate={d.name: d.settings for d in main if d.kind == "hf"},
-                    genspec_methods={d.name: d.settings for d in main + sweep_decoders if d.kind == "genspec"},
-                    baselines={"plain": "genspec SpeculativeEngine without a drafter (same code path, same kernels)",
-                               HF_PLAIN: "transformers generate(), greedy, stock model loaded separately"})
-    return {"format": 1, "interrupted": interrupted, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command_line(s),
-            "machine": machine_info(), "model": model_info(model_path, target), "settings": settings,
-            "methods": [m.to_dict() for m in main_specs],
-            "sweep_methods": [m.to_dict() for m in sweep_specs],
-            "prompts": [{"category": p.category, "question_id": p.question_id, "prompt_tokens": len(i)} for p, i in kept],
-            "runs": records}
-
-
-def write_outputs(results: dict, out: Path) -> list[Path]:
-    from genspec.bench.analysis import summarize
-    from genspec.bench.plots import write_plots
-    from genspec.bench.report import write_report
-
-    results["summary"] = summarize(results)
-    try:
-        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-        (out / "report.md").write_text(write_report(results))
-        plots = write_plots(results, results["summary"], out)
-    except OSError as exc:
-        raise InputFileError(f"cannot write to output directory {out}: {exc.strerror or exc}") from exc
-    return [out / "results.json", out / "report.md"] + plots
-
-
 def rebuild_report(args, console) -> int:
+    from genspec.bench.run import write_outputs
+
     source = Path(args.report_from)
     try:
         results = json.loads(source.read_text())
