@@ -27,8 +27,18 @@ probed with a single token after 8, 16, 32, ... idle steps.
 Before anything is measured the policy assumes verifying k + 1 tokens costs ``1 + 0.1 k`` plain
 steps (near what the embedded model measures on a CPU: 1.12x for 2 tokens, 1.32x for 8), so the
 first step of a request drafts a couple of tokens, not k_max blind.
+
+In a batch the draft lengths are chosen together (:func:`plan`): the target verifies one padded block
+of B rows x W tokens, so every row pays for the widest row, and a draft that pays for one request
+alone may not pay for the batch (B - 1 rows gain nothing from it). The plan picks the width W that
+maximises the batch's expected tokens per second, sum_i E_i(min(W - 1, cap_i)) / (cost(B x W) + drafting),
+against plain decoding's B / cost(B) with the same margin. Verify costs are kept by block size
+(rows x width), so a batch's costs are measured, not guessed, once seen. With one request this is the
+rule above.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from genspec.errors import ConfigError
 from genspec.theory.leviathan import expected_tokens_per_call
@@ -39,42 +49,60 @@ MARGIN = 1.1
 
 
 class CostModel:
-    """Running (exponentially weighted) averages of the verify time per block width and of the draft
-    time per drafted token. Widths never measured are estimated from the nearest measured width
-    with a mild linear growth prior (verifying costs a bit more per extra token)."""
+    """The target's verify time by the size of the block, rows x width tokens (padding is computed
+    too): a running (exponentially weighted) average per measured size; between measured sizes linear
+    interpolation, beyond them the growth prior (each extra token costs ``growth_prior`` of one)."""
 
     def __init__(self, decay: float = 0.8, growth_prior: float = 0.1):
         self.decay = decay
         self.growth_prior = growth_prior
-        self.verify: dict[int, float] = {}
-        self.draft_per_token: float | None = None
+        self.verify: dict[int, float] = {}  # block tokens -> seconds
 
-    def observe_verify(self, width: int, seconds: float) -> None:
-        old = self.verify.get(width)
-        self.verify[width] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+    def observe_verify(self, width: int, seconds: float, batch: int = 1) -> None:
+        size = batch * width
+        old = self.verify.get(size)
+        self.verify[size] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
-    def observe_draft(self, tokens: int, seconds: float) -> None:
-        if tokens <= 0:
-            return
-        per_token = seconds / tokens
-        old = self.draft_per_token
-        self.draft_per_token = per_token if old is None else self.decay * old + (1 - self.decay) * per_token
+    def _prior(self, size: int) -> float:
+        return 1 + self.growth_prior * (size - 1)
 
-    def verify_cost(self, width: int) -> float | None:
-        if width in self.verify:
-            return self.verify[width]
+    def verify_cost(self, width: int, batch: int = 1) -> float | None:
+        """Seconds to verify ``batch`` rows of ``width`` tokens (None before any measurement)."""
+        size = batch * width
+        if size in self.verify:
+            return self.verify[size]
         if not self.verify:
             return None
-        nearest = min(self.verify, key=lambda w: abs(w - width))
-        base = self.verify[nearest] / (1 + self.growth_prior * (nearest - 1))
-        return base * (1 + self.growth_prior * (width - 1))
+        below = [s for s in self.verify if s < size]
+        above = [s for s in self.verify if s > size]
+        if below and above:
+            lo, hi = max(below), min(above)
+            return self.verify[lo] + (self.verify[hi] - self.verify[lo]) * (size - lo) / (hi - lo)
+        nearest = max(below) if below else min(above)
+        return self.verify[nearest] * self._prior(size) / self._prior(nearest)
 
-    def relative(self, width: int) -> float:
-        """Verify cost of ``width`` tokens in plain steps (the prior when nothing is measured)."""
-        step = self.verify_cost(1)
+    def relative(self, width: int, batch: int = 1) -> float:
+        """Verify cost of ``batch`` rows x ``width`` tokens in plain steps of that batch (the prior when
+        nothing is measured)."""
+        step = self.verify_cost(1, batch)
         if step is None:
-            return 1 + self.growth_prior * (width - 1)
-        return self.verify_cost(width) / step
+            return self._prior(batch * width) / self._prior(batch)
+        return self.verify_cost(width, batch) / step
+
+
+class DraftCost:
+    """A costly drafter's time per draft position (one pass of its model over its rows), averaged."""
+
+    def __init__(self, decay: float = 0.8):
+        self.decay = decay
+        self.per_position: float | None = None
+
+    def observe(self, positions: int, seconds: float) -> None:
+        if positions <= 0:
+            return
+        value = seconds / positions
+        old = self.per_position
+        self.per_position = value if old is None else self.decay * old + (1 - self.decay) * value
 
 
 class Acceptance:
@@ -108,20 +136,21 @@ class Acceptance:
 
 
 class DraftLength:
-    """One request's draft-length policy: ``limit(evidence)`` before verifying, ``update(...)`` after.
-
-    ``costs`` is the :class:`CostModel` of the request's drafter, shared with the other requests that
-    use it (verify and draft costs are the machine's, acceptance is the request's own)."""
+    """One request's draft-length state: its policy, its acceptance estimates (per evidence level) and,
+    for the cost policy, the probing of a switched-off costly drafter. ``costs`` / ``draft_cost`` are
+    shared with the engine's other requests (the machine's costs); :func:`plan` decides a batch's
+    lengths, :meth:`limit` one request's alone."""
 
     def __init__(self, policy: str, k_max: int, cost_model: CostModel | None = None,
-                 prior_alpha: float = 0.5, prior_later: float = 0.6, prior_weight: float = 2.0,
-                 decay: float = 0.9):
+                 draft_cost: DraftCost | None = None, prior_alpha: float = 0.5, prior_later: float = 0.6,
+                 prior_weight: float = 2.0, decay: float = 0.9):
         if policy not in POLICIES:
             raise ConfigError(f"unknown draft length policy {policy!r}; choose from: {', '.join(POLICIES)}")
         self.policy = policy
         self.k_max = k_max
         self.current = k_max
         self.costs = cost_model or CostModel()
+        self.draft_cost = draft_cost
         self._prior = (prior_alpha, prior_later, prior_weight, decay)
         self.acceptance: dict[object, Acceptance] = {}
         # a drafter switched off is probed with one token now and then, less often each time it fails
@@ -143,16 +172,26 @@ class DraftLength:
             table[evidence] = Acceptance(prior_first, prior_later, weight, decay)
         return table[evidence]
 
+    def expected_tokens(self, k: int, evidence=None) -> float:
+        return self.estimate(evidence).expected_tokens(k) if k > 0 else 1.0
+
     def limit(self, evidence=None, probe: bool = True) -> int:
-        """Tokens to draft (cost policy: 0 switches speculation off; with ``probe`` a switched-off request
-        drafts one token now and then to re-estimate; a free drafter needs no probes, it is scored
-        on its unverified proposals)."""
+        """Tokens to draft for this request alone (cost policy: 0 switches speculation off; with
+        ``probe`` a switched-off request drafts one token now and then to re-estimate; a free drafter
+        needs no probes, it is scored on its unverified proposals)."""
         if self.policy != "cost":
             return self.current
-        best = self.best_k(evidence)
-        if best > 0:
+        return self.after_plan(self.best_k(evidence), probe)
+
+    def best_k(self, evidence=None) -> int:
+        """The k with the highest predicted tokens per plain-step time (0 unless it beats MARGIN)."""
+        return plan([RowPlan(self, evidence, self.k_max, self.draft_cost)], self.costs)[0]
+
+    def after_plan(self, planned: int, probe: bool) -> int:
+        """The planned length, or after too many steps without drafting a one-token probe."""
+        if planned > 0:
             self.idle_steps, self.probe_every = 0, 8
-            return best
+            return planned
         if not probe:
             return 0
         self.idle_steps += 1
@@ -161,18 +200,6 @@ class DraftLength:
             self.probe_every = min(2 * self.probe_every, 256)
             return 1
         return 0
-
-    def best_k(self, evidence=None) -> int:
-        """The k with the highest predicted tokens per plain-step time (0 unless it beats MARGIN)."""
-        step = self.costs.verify_cost(1)
-        draft = (self.costs.draft_per_token or 0.0) / step if step else 0.0
-        estimate = self.estimate(evidence)
-        best_k, best_rate = 0, MARGIN
-        for k in range(1, self.k_max + 1):
-            rate = estimate.expected_tokens(k) / (self.costs.relative(k + 1) + k * draft)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k
 
     def update(self, drafted: int, accepted: int, evidence=None) -> None:
         """Record a verified draft of ``drafted`` tokens of which ``accepted`` were kept."""
@@ -191,3 +218,54 @@ class DraftLength:
     def __repr__(self) -> str:
         rates = {e: round(a.rate_first, 2) for e, a in self.acceptance.items()}
         return f"DraftLength({self.policy}, k_max={self.k_max}, first-token acceptance={rates})"
+
+
+@dataclass
+class RowPlan:
+    """One row of a batch step for :func:`plan`: its policy (None: no drafter), the evidence behind its
+    proposal, ``cap`` the most tokens it can draft (what a free drafter proposed, or the room left),
+    ``draft_cost`` its drafter's cost per position (None: free)."""
+
+    policy: DraftLength | None
+    evidence: object = None
+    cap: int = 0
+    draft_cost: DraftCost | None = None
+
+
+def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
+    """Draft lengths for one batch step: rows with a fixed or heuristic policy draft their own k; cost
+    rows draft ``min(W - 1, cap)`` for the block width W that maximises the batch's expected tokens per
+    unit of time (see the module docstring), 0 unless that beats plain decoding by ``MARGIN``."""
+    batch = len(rows)
+    own = [min(r.policy.current, r.cap) if r.policy is not None and r.policy.policy != "cost" else 0 for r in rows]
+    costed = [i for i, r in enumerate(rows) if r.policy is not None and r.policy.policy == "cost" and r.cap > 0]
+    floor = max(own, default=0) + 1
+    if not costed:
+        return own
+    step = costs.verify_cost(1, batch)
+
+    def lengths(width: int) -> list[int]:
+        out = list(own)
+        for i in costed:
+            out[i] = min(width - 1, rows[i].cap, rows[i].policy.k_max)
+        return out
+
+    def rate(width: int) -> float:
+        ks = lengths(width)
+        tokens = sum(r.policy.expected_tokens(k, r.evidence) if r.policy is not None else 1.0
+                     for r, k in zip(rows, ks))
+        drafting: dict[int, tuple[DraftCost, int]] = {}  # a drafter's pass serves all its rows at once
+        for r, k in zip(rows, ks):
+            if r.draft_cost is not None and k:
+                cost, most = drafting.get(id(r.draft_cost), (r.draft_cost, 0))
+                drafting[id(r.draft_cost)] = (cost, max(most, k))
+        draft_time = sum((c.per_position or 0.0) * k for c, k in drafting.values())
+        return tokens / (costs.relative(width, batch) + (draft_time / step if step else 0.0))
+
+    top = 1 + max(min(rows[i].cap, rows[i].policy.k_max) for i in costed)
+    best_width, best_rate = floor, rate(floor) * (MARGIN if floor == 1 else 1.0)
+    for width in range(max(floor, 2), max(top, floor) + 1):
+        value = rate(width)
+        if value > best_rate:
+            best_width, best_rate = width, value
+    return lengths(best_width) if best_width > 1 else own

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from genspec.acceptance import RESIDUALS, Verdict, verify
-from genspec.draft_length import POLICIES, CostModel, DraftLength
+from genspec.draft_length import POLICIES, CostModel, DraftCost, DraftLength, RowPlan, plan
 from genspec.drafters.base import Draft, DraftBlock, Drafter, DraftRequest, RequestContext
 from genspec.errors import ConfigError, ContextLengthError
 from genspec.models.base import CausalLM
@@ -141,7 +141,7 @@ class RequestStats:
 class RequestResult:
     token_ids: list[int]
     stats: RequestStats
-    finish_reason: str  # "length", "eos", "stop" or "cancelled"
+    finish_reason: str  # "length", "eos", "stop", "cancelled" or "error"
     text: str | None = None
 
 
@@ -149,8 +149,9 @@ class RequestResult:
 class RequestStep:
     """What one step did for one request. ``new_tokens[:accepted]`` are accepted draft tokens, the
     token after them (if kept) the target's own; ``accepted_per_position`` says, per draft depth,
-    whether that position was accepted. ``finish_reason`` is None while the request runs. ``stats``
-    are the request's running totals (final once it finished)."""
+    whether that position was accepted. ``finish_reason`` is None while the request runs ("length",
+    "eos", "stop", "cancelled", or "error" with ``error`` saying what failed). ``stats`` are the
+    request's running totals (final once it finished)."""
 
     new_tokens: list[int]
     drafted: int
@@ -159,6 +160,7 @@ class RequestStep:
     finish_reason: str | None
     stats: RequestStats
     evidence: object = None
+    error: str | None = None
 
 
 @dataclass
@@ -189,18 +191,19 @@ class _Request:
     """Book-keeping of one request."""
 
     def __init__(self, request_id: int, prompt: list[int], config: GenerationConfig, drafter: Drafter | None,
-                 drafter_name: str, costs: CostModel | None, eos: set[int], sample_index: int):
+                 drafter_name: str, costs: CostModel, draft_cost: DraftCost | None, eos: set[int], sample_index: int):
         self.id = request_id
         self.prompt = list(prompt)
         self.config = config
         self.sampling = config.sampling
         self.drafter = drafter
         self.drafter_name = drafter_name
-        self.policy = DraftLength(config.draft_length, config.num_draft_tokens, costs) if drafter else None
+        self.policy = DraftLength(config.draft_length, config.num_draft_tokens, costs, draft_cost) if drafter else None
         self.random = RequestRandomness(config.seed, sample_index, drafter.max_candidates if drafter else 1)
         self.eos = eos
         self.generated: list[int] = []
         self.finish_reason: str | None = None
+        self.error: str | None = None
         self.stats = RequestStats()
         self.started_at = 0.0
 
@@ -232,11 +235,13 @@ class SpeculativeEngine:
 
     ``drafters`` adds more drafters by name (a request picks one with ``GenerationConfig.drafter``);
     ``drafter``, if given, is the default and is also reachable under its ``name``.
-    ``max_batch_size`` caps the running batch (None: everything queued runs at once).
+    ``max_batch_size`` caps the running batch (None: everything queued runs at once). ``cost_model``:
+    the target's verify costs the draft-length plan uses (default: measured as the engine runs).
     """
 
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, tokenizer=None, *,
-                 drafters: Mapping[str, Drafter] | None = None, max_batch_size: int | None = None):
+                 drafters: Mapping[str, Drafter] | None = None, max_batch_size: int | None = None,
+                 cost_model: CostModel | None = None):
         if max_batch_size is not None and max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.target = target
@@ -250,7 +255,8 @@ class SpeculativeEngine:
             self.default_drafter = next(name for name, d in self.drafters.items() if d is drafter)
         self.drafter = drafter
         self.max_batch_size = max_batch_size
-        self.costs = {name: CostModel() for name in self.drafters}
+        self.costs = cost_model or CostModel()  # the target's verify costs, by block size
+        self.draft_costs = {name: DraftCost() for name in self.drafters}
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []  # in the target's row order
         self._cancelled: list[_Request] = []
@@ -273,7 +279,9 @@ class SpeculativeEngine:
             raise ConfigError(f"drafter {name!r} takes no per-request option(s) {', '.join(sorted(unknown))}")
         self._check_prompt(prompt_ids)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
-        request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs.get(name), eos, sample_index)
+        request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs,
+                           self.draft_costs.get(name) if drafter is not None and not drafter.free else None, eos,
+                           sample_index)
         self._waiting.append(request)
         return request.id
 
@@ -386,40 +394,68 @@ class SpeculativeEngine:
         record.prefill_time_s = time.perf_counter() - started
 
     def _draft(self, record: StepRecord) -> list[_Group]:
-        """Per drafter, the running requests' drafts, cut to what the draft-length policy wants."""
+        """Every running request's draft, its length planned for the whole batch (``draft_length.plan``):
+        free drafters propose first, so that the plan weighs their evidence; costly ones then draft the
+        planned lengths."""
         by_group: dict[tuple, list[int]] = {}
         for row, request in enumerate(self._running):
             by_group.setdefault(request.group, []).append(row)
-        groups = []
+        groups, rows_plan = [], [RowPlan(None)] * len(self._running)
         for rows in by_group.values():
             requests = [self._running[row] for row in rows]
             drafter = requests[0].drafter
             room = [self._room(r) for r in requests]
-            started = time.perf_counter()
-            shadows = [[] for _ in requests]
+            group = _Group(rows, requests, Draft.empty(len(rows)), [None] * len(rows), [[] for _ in rows])
+            caps = [0] * len(rows) if drafter is None else room
+            if drafter is not None and drafter.free:
+                started = time.perf_counter()
+                group.draft = self._propose(drafter, requests, room)
+                record.draft_time_s += time.perf_counter() - started
+                group.evidence = [group.draft.evidence_of(i) for i in range(len(rows))]
+                caps = group.draft.lengths.amax(dim=1).tolist()
+            draft_cost = None if drafter is None or drafter.free else self.draft_costs[requests[0].drafter_name]
+            for i, (row, request) in enumerate(zip(rows, requests)):
+                rows_plan[row] = RowPlan(request.policy, group.evidence[i], caps[i], draft_cost)
+            groups.append(group)
+        planned = plan(rows_plan, self.costs)
+        for group in groups:
+            drafter, requests = group.requests[0].drafter, group.requests
+            wanted = [planned[row] for row in group.rows]
             if drafter is None:
-                draft, evidence = Draft.empty(len(requests)), [None] * len(requests)
-            elif drafter.free:  # proposes first, so that the policy can weigh its evidence
-                draft = drafter.propose([DraftRequest(r.id, r.sequence, n) for r, n in zip(requests, room)])
-                evidence = [draft.evidence_of(i) for i in range(len(requests))]
-                proposed = draft.proposed()
-                wanted = [min(r.policy.limit(evidence[i], probe=False), room[i]) if proposed[i] else 0
-                          for i, r in enumerate(requests)]
-                shadows = [draft.first_chain(i) if proposed[i] and not wanted[i] else [] for i in range(len(requests))]
-                draft = draft.clipped(wanted)
-            else:
-                wanted = [min(r.policy.limit(), n) for r, n in zip(requests, room)]
-                draft = (drafter.propose([DraftRequest(r.id, r.sequence, n) for r, n in zip(requests, wanted)])
-                         if any(wanted) else Draft.empty(len(requests)))
-                evidence = [None] * len(requests)  # drafted before the policy could weigh evidence
+                continue
+            if drafter.free:
+                proposed = group.draft.proposed()
+                group.shadows = [group.draft.first_chain(i) if proposed[i] and not wanted[i] else []
+                                 for i in range(len(requests))]
+                group.draft = group.draft.clipped(wanted)
+                continue
+            wanted = [min(r.policy.after_plan(k, probe=True), self._room(r)) if r.policy.policy == "cost" else k
+                      for r, k in zip(requests, wanted)]
+            if not any(wanted):
+                continue
+            started = time.perf_counter()
+            group.draft = self._propose(drafter, requests, wanted)
             seconds = time.perf_counter() - started
-            if drafter is not None:
-                self.costs[requests[0].drafter_name].observe_draft(sum(room if drafter.free else wanted), seconds)
-                if not drafter.free:
-                    record.draft_model_time_s += seconds
+            self.draft_costs[requests[0].drafter_name].observe(max(wanted), seconds)
+            record.draft_model_time_s += seconds
             record.draft_time_s += seconds
-            groups.append(_Group(rows, requests, draft, evidence, shadows))
         return groups
+
+    @staticmethod
+    def _propose(drafter: Drafter, requests: list[_Request], limits: list[int]) -> Draft:
+        """The drafter's proposal for these requests. If it fails, each request is proposed for alone, and a
+        request whose own proposal fails fails alone (``finish_reason`` "error"; it verifies nothing)."""
+        try:
+            return drafter.propose([DraftRequest(r.id, r.sequence, n) for r, n in zip(requests, limits)])
+        except Exception:  # noqa: BLE001 - find the request(s) at fault; the others go on
+            drafts = []
+            for request, limit in zip(requests, limits):
+                try:
+                    drafts.append(drafter.propose([DraftRequest(request.id, request.sequence, limit)]))
+                except Exception as exc:  # noqa: BLE001 - reported on the request, the engine goes on
+                    request.finish_reason, request.error = "error", f"{type(exc).__name__}: {exc}"
+                    drafts.append(Draft.empty(1))
+            return Draft.stack(drafts)
 
     def _verify(self, groups: list[_Group], record: StepRecord) -> None:
         """One target pass over every row's block, then each group's acceptance rule."""
@@ -449,8 +485,7 @@ class SpeculativeEngine:
             group.verdict = self._accept(group, logits[torch.tensor(group.rows), :group.block.tokens.shape[1]])
         record.verify_time_s = time.perf_counter() - started
         record.batch_size, record.block_width = batch, width
-        for name in {g.requests[0].drafter_name for g in groups if g.requests[0].drafter is not None}:
-            self.costs[name].observe_verify(width, record.verify_time_s)
+        self.costs.observe_verify(width, record.verify_time_s, batch)
 
     def _accept(self, group: _Group, logits: torch.Tensor) -> Verdict:
         """The acceptance rule for one group's rows, each with its own sampling and random stream."""
@@ -490,6 +525,9 @@ class SpeculativeEngine:
             drafted = group.draft.drafted_tokens()
             depths = group.block.lengths.amax(dim=1).tolist()
             for i, request in enumerate(group.requests):
+                if request.finish_reason == "error":  # its drafter failed on it: nothing of this step is kept
+                    record.requests[request.id] = RequestStep([], 0, 0, [], "error", request.stats, error=request.error)
+                    continue
                 accepted = int(group.verdict.accepted_length[i])
                 path = group.verdict.path[i, 1:accepted + 1]
                 tokens = [int(t) for t in group.block.tokens[i, path]] + [int(group.verdict.next_token[i])]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from tiny_models import tiny_llama
 
-from genspec.draft_length import CostModel, DraftLength
+from genspec.draft_length import CostModel, DraftCost, DraftLength, RowPlan, plan
 from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
@@ -40,8 +40,9 @@ def test_cost_policy_uses_draft_cost():
     costs = CostModel()
     for width in range(1, 10):
         costs.observe_verify(width, 0.1)
-    costs.observe_draft(tokens=1, seconds=0.05)  # each draft token costs half a target step
-    policy = DraftLength("cost", k_max=8, cost_model=costs)
+    draft_cost = DraftCost()
+    draft_cost.observe(positions=1, seconds=0.05)  # each draft token costs half a target step
+    policy = DraftLength("cost", k_max=8, cost_model=costs, draft_cost=draft_cost)
     for _ in range(30):
         policy.update(drafted=4, accepted=2)  # first token always right, later ones 1 in 2
     k = policy.limit()
@@ -161,18 +162,16 @@ def test_first_step_drafts_a_few_tokens_not_k_max():
     assert 1 <= policy.limit() <= 4
 
 
-def test_engine_drops_weak_free_drafts_and_stays_exact(monkeypatch):
+def test_engine_drops_weak_free_drafts_and_stays_exact():
     """A drafter whose weak proposals are always wrong and strong ones always right: the cost policy
     ends up verifying (nearly) only the strong ones, and the output equals plain decoding. Costs are
     made deterministic (verifying w tokens costs 1 + 0.1 (w - 1), drafting nothing) so the test does
     not depend on this machine's timings."""
     from genspec.drafters.base import Draft, Drafter
 
-    def synthetic_verify(self, width, seconds):
-        self.verify[width] = 1 + 0.1 * (width - 1)
-
-    monkeypatch.setattr(CostModel, "observe_verify", synthetic_verify)
-    monkeypatch.setattr(CostModel, "observe_draft", lambda self, tokens, seconds: None)
+    class Synthetic(CostModel):
+        def observe_verify(self, width, seconds, batch=1):
+            self.verify[batch * width] = 1 + 0.1 * (batch * width - 1)
 
     target = HFCausalLM(tiny_llama(0))
     prompt = [[5, 6, 7, 8, 9, 5, 6, 7]]
@@ -188,7 +187,7 @@ def test_engine_drops_weak_free_drafts_and_stays_exact(monkeypatch):
             tokens = truth if strong else [(t + 1) % 256 for t in truth]
             return Draft.from_chains([[tokens]], evidence=[4 if strong else 1])
 
-    result = SpeculativeEngine(target, Oracle()).generate_ids(prompt, max_new_tokens=60, eos_token_ids=(),
+    result = SpeculativeEngine(target, Oracle(), cost_model=Synthetic()).generate_ids(prompt, max_new_tokens=60, eos_token_ids=(),
                                                                num_draft_tokens=4)[0]
     assert result.token_ids == plain
     stats = result.stats
@@ -196,3 +195,61 @@ def test_engine_drops_weak_free_drafts_and_stays_exact(monkeypatch):
     # weak drafts (always wrong) are verified only while the prior still trusts them
     assert verified - first_right <= 3
     assert first_right >= 10  # strong ones (always right) keep being verified
+
+
+# ------------------------------------------------------------------------------ a batch's plan
+def _costs(step: float = 0.1, per_token: float = 0.01) -> CostModel:
+    """Verify costs that grow linearly with the block's size (rows x width), as on a compute-bound CPU."""
+    costs = CostModel()
+    for size in (1, 2, 4, 8, 9, 16, 32, 64, 72, 128):
+        costs.observe_verify(size, step + per_token * (size - 1))
+    return costs
+
+
+def _confident(k_max: int = 8, costs=None) -> DraftLength:
+    policy = DraftLength("cost", k_max=k_max, cost_model=costs)
+    for _ in range(40):
+        policy.update(drafted=8, accepted=8)
+    return policy
+
+
+def test_a_batch_drafts_less_than_one_request_and_switches_off_when_verifying_costs_too_much():
+    """The same confident requests: alone they draft k_max; in a batch whose block cost grows with rows
+    x width, the plan shortens the drafts, and with steep enough costs it switches speculation off."""
+    costs = _costs(step=0.1, per_token=0.01)
+    alone = plan([RowPlan(_confident(), None, 8)], costs)
+    assert alone == [8]
+    batch = plan([RowPlan(_confident(), None, 8) for _ in range(8)], costs)
+    assert len(set(batch)) == 1 and 0 < batch[0] <= 8
+    steep = _costs(step=0.1, per_token=0.1)  # each block token costs as much as a whole plain step
+    assert plan([RowPlan(_confident(), None, 8) for _ in range(8)], steep) == [0] * 8
+
+
+def test_one_confident_row_does_not_pad_a_batch_of_doubtful_ones():
+    """A batch pays for its widest row: one request sure of its draft among seven that draft nothing
+    worth verifying gets a shorter draft than it would alone (or none)."""
+    costs = _costs(step=0.1, per_token=0.005)
+    doubtful = DraftLength("cost", k_max=8, cost_model=costs)
+    for _ in range(40):
+        doubtful.update(drafted=4, accepted=0)
+    rows = [RowPlan(_confident(), None, 8)] + [RowPlan(doubtful, None, 8) for _ in range(7)]
+    mixed = plan(rows, costs)
+    assert mixed[0] < plan([RowPlan(_confident(), None, 8)], costs)[0]
+    assert mixed[1:] == [mixed[1]] * 7  # the block is one width: every cost row drafts up to it
+
+
+def test_fixed_rows_set_the_width_and_cost_rows_fill_it():
+    costs = _costs(step=0.1, per_token=0.5)  # drafting never pays by itself here
+    fixed = DraftLength("fixed", k_max=5, cost_model=costs)
+    lengths = plan([RowPlan(fixed, None, 8), RowPlan(_confident(costs=costs), None, 8), RowPlan(None)], costs)
+    assert lengths[0] == 5 and lengths[1] == 5 and lengths[2] == 0  # the block is 6 wide anyway
+    assert plan([RowPlan(_confident(costs=costs), None, 8), RowPlan(None)], costs) == [0, 0]
+
+
+def test_cost_model_interpolates_between_block_sizes():
+    costs = CostModel()
+    costs.observe_verify(1, 0.1, batch=4)  # 4 tokens
+    costs.observe_verify(3, 0.3, batch=4)  # 12 tokens
+    assert costs.verify_cost(2, batch=4) == pytest.approx(0.2)  # 8 tokens: halfway
+    assert costs.relative(3, batch=4) == pytest.approx(3.0)
+    assert costs.verify_cost(1, batch=1) == pytest.approx(0.1 * 1.0 / 1.3)  # below: the prior's slope

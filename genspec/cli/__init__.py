@@ -18,6 +18,7 @@ _SUBCOMMANDS = [
     "genspec.cli.index",
     "genspec.cli.calibrate",
     "genspec.cli.bench",
+    "genspec.cli.serve",
 ]
 
 

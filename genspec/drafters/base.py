@@ -80,6 +80,28 @@ class Draft:
         return cls(tokens.reshape(len(rows), num_chains, width), lengths.reshape(len(rows), num_chains),
                    evidence=None if evidence is None else tuple(evidence))
 
+    @classmethod
+    def stack(cls, drafts: list["Draft"]) -> "Draft":
+        """One draft of the rows of several (padded to the most chains and the longest chain; a row
+        without laws gets the point masses of its tokens, which is what its draft is)."""
+        chains = max(d.num_chains for d in drafts)
+        width = max(d.width for d in drafts)
+        tokens = torch.cat([torch.nn.functional.pad(d.tokens, (0, width - d.width, 0, chains - d.num_chains))
+                            for d in drafts])
+        lengths = torch.cat([torch.nn.functional.pad(d.lengths, (0, chains - d.num_chains)) for d in drafts])
+        probs = None
+        with_laws = [d.probs for d in drafts if d.probs is not None]
+        if with_laws:
+            vocab, dtype = with_laws[0].shape[-1], with_laws[0].dtype
+            laws = [d.probs if d.probs is not None else torch.nn.functional.one_hot(d.tokens, vocab).to(dtype)
+                    for d in drafts]
+            probs = torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[2], 0, chains - p.shape[1]))
+                               for p in laws])
+        evidence = None
+        if any(d.evidence is not None for d in drafts):
+            evidence = tuple(e for d in drafts for e in (d.evidence or (None,) * d.batch))
+        return cls(tokens, lengths, probs, evidence)
+
     @property
     def batch(self) -> int:
         return int(self.tokens.shape[0])

@@ -1,0 +1,72 @@
+"""``genspec serve``: the OpenAI-compatible server (see :mod:`genspec.serve.app`).
+
+    genspec serve                                       # embedded model, prompt lookup, 127.0.0.1:8000
+    genspec serve --model DIR --drafter ngram-cache --extra-drafter prompt-lookup --extra-drafter none
+    curl -s 127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+         -d '{"prompt": "def fib(n):", "max_tokens": 64, "temperature": 0, "speculative": {"num_draft_tokens": 6}}'
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from genspec.cli.generate import parse_option
+from genspec.errors import ConfigError
+
+
+def add_parser(subparsers) -> None:
+    serve = subparsers.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, metrics, playground)",
+        description="Serve a model over HTTP with speculative decoding: /v1/completions, /v1/chat/completions, "
+                    "/v1/models, /health, /metrics and a playground at /.",
+        epilog="examples:\n" + __doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--model", metavar="PATH", help="local model directory (default: embedded Gemma 3 270M)")
+    serve.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: the "
+                                                                    "directory's name, or gemma-3-270m)")
+    serve.add_argument("--drafter", default="prompt-lookup", help="default drafter of requests (none: no speculation)")
+    serve.add_argument("-O", "--drafter-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="option of the default drafter (repeatable)")
+    serve.add_argument("--extra-drafter", action="append", default=[], metavar="NAME[:KEY=VALUE...]",
+                       help="another drafter requests may choose with speculative.drafter (repeatable)")
+    serve.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-batch-size", type=int, default=8, metavar="B", help="requests decoded together")
+    serve.add_argument("--max-queue", type=int, default=64, metavar="Q",
+                       help="requests that may wait for a batch slot; more get HTTP 429")
+    serve.add_argument("--grace-period", type=float, default=30.0, metavar="S",
+                       help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.set_defaults(func=run_serve)
+
+
+def extra_drafters(specs: list[str]) -> dict[str, dict]:
+    """``NAME[:KEY=VALUE...]`` -> {name: options}."""
+    out = {}
+    for spec in specs:
+        name, *options = spec.split(":")
+        if not name:
+            raise ConfigError(f"--extra-drafter needs a drafter name, got {spec!r}")
+        out[name.strip()] = dict(parse_option(o) for o in options)
+    return out
+
+
+def run_serve(args) -> int:
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_batch_size < 1 or args.max_queue < 0 or args.grace_period < 0:
+        raise ConfigError("--max-batch-size must be >= 1, --max-queue and --grace-period >= 0")
+    import uvicorn
+
+    import genspec
+    from genspec.serve.app import create_app
+
+    options = dict(parse_option(o) for o in args.drafter_option)
+    engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
+                          extra_drafters=extra_drafters(args.extra_drafter), max_batch_size=args.max_batch_size,
+                          **options)
+    name = args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m")
+    app = create_app(engine, name, max_queue=args.max_queue, grace_s=args.grace_period)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=max(1, int(args.grace_period)))
+    return 0

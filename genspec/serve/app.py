@@ -1,0 +1,388 @@
+"""``genspec serve``: an OpenAI-compatible HTTP server over a speculative engine.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming as Server-Sent Events,
+``data: [DONE]`` last), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /``
+(a playground page). Each request may carry ``speculative``: ``{"drafter", "num_draft_tokens",
+"draft_length", "enabled"}``; responses carry ``usage`` and ``metrics.speculative_decoding``. Stream
+chunks also carry ``genspec``: the new tokens' text and whether each came from an accepted draft.
+
+Stop strings follow OpenAI: the text ends before the stop string. For a model without a chat
+template, messages are rendered as plain text (:func:`plain_chat_prompt`).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+
+from genspec.engine import NO_DRAFTER, GenerationConfig, RequestStats, RequestStep, SpeculativeEngine
+from genspec.errors import GenspecError
+from genspec.serve.metrics import Metrics
+from genspec.serve.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    new_id,
+    now,
+    speculation_metrics,
+    usage,
+)
+from genspec.serve.worker import EngineWorker, QueueFull, ShuttingDown
+
+#: the text format for models without a chat template
+PLAIN_CHAT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
+
+
+def plain_chat_prompt(messages: list[tuple[str, str]]) -> tuple[str, list[str]]:
+    """``Role: text`` paragraphs and a final ``Assistant:``, and the stop string that ends the reply
+    (the model starting the user's next turn)."""
+    lines = [f"{PLAIN_CHAT_ROLES[role]}: {text}" for role, text in messages]
+    return "\n\n".join(lines + ["Assistant:"]), ["\n\nUser:"]
+
+
+@dataclass
+class _Choice:
+    """One sample being generated for a request."""
+
+    index: int
+    prompt_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    sent: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    first_token_at: float | None = None
+
+
+class _Server:
+    """What the routes share: the engine's worker, the tokenizer, the metrics."""
+
+    def __init__(self, engine: SpeculativeEngine, model_name: str, max_queue: int, grace_s: float,
+                 chat_max_tokens: int):
+        if engine.tokenizer is None:
+            raise GenspecError("genspec serve needs a model with a tokenizer")
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = model_name
+        self.grace_s = grace_s
+        self.chat_max_tokens = chat_max_tokens
+        self.metrics = Metrics()
+        self.worker = EngineWorker(engine, max_queue, on_record=self._on_record)
+
+    def _on_record(self, record, worker) -> None:
+        self.metrics.observe_step(record, worker.num_waiting, worker.num_running)
+
+    # ------------------------------------------------------------------ requests -> engine
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(f"The model `{name}` does not exist; this server serves `{self.model_name}`",
+                           status=404, param="model", code="model_not_found")
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def config(self, body, prompt_tokens: int, max_tokens: int | None, extra_stops: list[str] = ()) -> GenerationConfig:
+        context = self.engine.target.max_context
+        if context is not None and prompt_tokens >= context:
+            raise APIError(f"This model's maximum context length is {context} tokens, but the prompt has "
+                           f"{prompt_tokens} tokens", param="prompt", code="context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = self.chat_max_tokens if context is None else min(self.chat_max_tokens, context - prompt_tokens)
+        if context is not None and prompt_tokens + max_tokens > context:
+            raise APIError(f"This model's maximum context length is {context} tokens. However, you requested "
+                           f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for "
+                           f"the completion)", param="max_tokens", code="context_length_exceeded")
+        speculative = body.speculative
+        options = {}
+        if speculative is not None:
+            if not speculative.enabled:
+                options["drafter"] = NO_DRAFTER
+            elif speculative.drafter is not None:
+                options["drafter"] = speculative.drafter
+            if speculative.num_draft_tokens is not None:
+                options["num_draft_tokens"] = speculative.num_draft_tokens
+            if speculative.draft_length is not None:
+                options["draft_length"] = speculative.draft_length
+        try:
+            return GenerationConfig(
+                max_new_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
+                repetition_penalty=body.repetition_penalty or 1.0, seed=body.seed,
+                stop_strings=tuple(body.stop or ()) + tuple(extra_stops), **options)
+        except GenspecError as exc:
+            raise APIError(str(exc)) from exc
+
+    async def run(self, prompts: list[list[int]], configs: list[GenerationConfig], sample_indices: list[int],
+                  request: Request, stream_steps: bool):
+        """Submit one request per sample; yields ``(choice index, step)`` as steps arrive. Cancels what is
+        left if the caller stops reading (a client that went away)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def listener(request_id: int, step: RequestStep) -> None:  # the engine's thread
+            loop.call_soon_threadsafe(queue.put_nowait, (request_id, step))
+
+        try:
+            future = self.worker.submit(prompts, configs, sample_indices, listener)
+        except QueueFull as exc:
+            self.metrics.failure.labels(reason="queue_full").inc()
+            raise APIError(str(exc), status=429, kind="rate_limit_error", code="queue_full") from exc
+        except ShuttingDown as exc:
+            raise APIError(str(exc), status=503, kind="server_error", code="shutting_down") from exc
+        try:
+            ids = await asyncio.wrap_future(future)
+        except GenspecError as exc:
+            self.metrics.failure.labels(reason="invalid").inc()
+            raise APIError(str(exc), param="speculative" if "drafter" in str(exc) else None) from exc
+        index_of = {request_id: i for i, request_id in enumerate(ids)}
+        self.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
+        unfinished = set(ids)
+        try:
+            while unfinished:
+                try:
+                    request_id, step = await asyncio.wait_for(queue.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    if not stream_steps and await request.is_disconnected():
+                        return
+                    continue
+                if step.finish_reason is not None:
+                    unfinished.discard(request_id)
+                yield index_of[request_id], step
+        finally:
+            if unfinished:  # the client went away (or the stream was closed): free the rows now
+                self.worker.cancel(sorted(unfinished))
+                self.metrics.failure.labels(reason="cancelled").inc(len(unfinished))
+
+    # ------------------------------------------------------------------ steps -> text
+    def visible(self, choice: _Choice, stops: tuple[str, ...]) -> str:
+        """The choice's text so far as a client may see it: cut before a stop string; while running,
+        without a trailing incomplete character or a trailing piece that may begin a stop string."""
+        text = self.decode(choice.tokens)
+        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+        if cut >= 0:
+            return text[:cut]
+        if choice.finish_reason is None:
+            text = text.rstrip("\ufffd")
+            hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            text = text[:len(text) - hold]
+        return text
+
+    def pieces(self, before: list[int], new: list[int], accepted: int) -> list[list]:
+        """``[text, drafted]`` per new token (the playground colours accepted draft tokens)."""
+        out, previous = [], self.decode(before)
+        for j, token in enumerate(new):
+            text = self.decode(before + new[:j + 1])
+            out.append([text[len(previous):], j < accepted])
+            previous = text
+        return out
+
+    def apply(self, choice: _Choice, step: RequestStep, started: float) -> None:
+        if step.new_tokens and choice.first_token_at is None:
+            choice.first_token_at = time.perf_counter()
+            self.metrics.time_to_first_token.observe(choice.first_token_at - started)
+        choice.tokens += step.new_tokens
+        choice.stats = step.stats
+        if step.finish_reason is not None:
+            choice.finish_reason, choice.error = step.finish_reason, step.error
+            end = time.perf_counter()
+            if step.finish_reason in ("eos", "stop", "length"):
+                self.metrics.success.labels(finished_reason=_openai_reason(step.finish_reason)).inc()
+                self.metrics.e2e_latency.observe(end - started)
+                if len(choice.tokens) > 1 and choice.first_token_at is not None:
+                    self.metrics.time_per_output_token.observe((end - choice.first_token_at) / (len(choice.tokens) - 1))
+            elif step.finish_reason == "error":
+                self.metrics.failure.labels(reason="error").inc()
+
+
+def _openai_reason(reason: str | None) -> str | None:
+    return {"eos": "stop", "stop": "stop", "length": "length"}.get(reason, reason)
+
+
+def _sse(payload) -> str:
+    return f"data: {json.dumps(payload) if not isinstance(payload, str) else payload}\n\n"
+
+
+def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, grace_s: float = 30.0,
+               chat_max_tokens: int = 1024) -> FastAPI:
+    """The server's FastAPI app over ``engine`` (which it steps in a thread of its own)."""
+    server = _Server(engine, model_name, max_queue, grace_s, chat_max_tokens)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.worker.start()
+        yield
+        await asyncio.to_thread(server.worker.drain, server.grace_s)
+
+    app = FastAPI(title="genspec", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):  # a bug: the client gets an error body, not a trace
+        logging.getLogger("genspec.serve").exception("request failed")
+        return JSONResponse(APIError(f"internal error: {type(exc).__name__}", status=500, kind="server_error").body(),
+                            status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        server.metrics.failure.labels(reason="invalid").inc()
+        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            message = "the request body is not valid JSON"
+        return JSONResponse(APIError(f"{where}: {message}" if where else message, param=where or None).body(),
+                            status_code=400)
+
+    @app.get("/health")
+    async def health():
+        if not server.worker.accepting:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": now(), "owned_by": "genspec",
+            "max_model_len": engine.target.max_context, "default_drafter": engine.default_drafter,
+            "drafters": [NO_DRAFTER, *engine.drafters]}]}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground():
+        return resources.files("genspec.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        server.check_model(body.model)
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            prompts = [server.encode(prompt)]
+        elif all(isinstance(p, str) for p in prompt):
+            prompts = [server.encode(p) for p in prompt]
+        elif all(isinstance(p, int) for p in prompt):
+            prompts = [list(prompt)]
+        else:
+            prompts = [list(p) for p in prompt]
+        if any(not p for p in prompts):
+            raise APIError("prompt is empty", param="prompt")
+        return await respond(body, prompts, body.max_tokens if body.max_tokens is not None else 16, (), request,
+                             chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        server.check_model(body.model)
+        messages = [(m.role, m.text()) for m in body.messages]
+        extra_stops: tuple[str, ...] = ()
+        if getattr(server.tokenizer, "chat_template", None):
+            text = server.tokenizer.apply_chat_template([{"role": r, "content": t} for r, t in messages],
+                                                        tokenize=False, add_generation_prompt=True)
+            ids = list(server.tokenizer(text, add_special_tokens=False)["input_ids"])
+        else:
+            text, stops = plain_chat_prompt(messages)
+            ids, extra_stops = server.encode(text), tuple(stops)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        return await respond(body, [ids], max_tokens, extra_stops, request, chat=True)
+
+    async def respond(body, prompts: list[list[int]], max_tokens: int | None, extra_stops: tuple[str, ...],
+                      request: Request, chat: bool):
+        samples, configs, indices, choices = [], [], [], []
+        for p, prompt in enumerate(prompts):  # choice p * n + j: prompt p's sample j (the seed's stream j)
+            config = server.config(body, len(prompt), max_tokens, list(extra_stops))
+            for j in range(body.n):
+                samples.append(prompt)
+                configs.append(config)
+                indices.append(j)
+                choices.append(_Choice(p * body.n + j, len(prompt)))
+        stops = configs[0].stop_strings
+        created, started = now(), time.perf_counter()
+        ident = new_id("chatcmpl" if chat else "cmpl")
+        kind = "chat.completion" if chat else "text_completion"
+        steps = server.run(samples, configs, indices, request, stream_steps=body.stream)
+
+        if not body.stream:
+            async for index, step in steps:
+                server.apply(choices[index], step, started)
+            failed = [c for c in choices if c.finish_reason == "error"]
+            if failed:
+                raise APIError(f"generation failed: {failed[0].error}", status=500, kind="server_error")
+            result = []
+            for c in choices:
+                text = server.visible(c, stops)
+                entry = {"index": c.index, "finish_reason": _openai_reason(c.finish_reason)}
+                entry.update({"message": {"role": "assistant", "content": text}} if chat else
+                             {"text": text, "logprobs": None})
+                result.append(entry)
+            return {"id": ident, "object": kind, "created": created, "model": model_name, "choices": result,
+                    "usage": usage(sum(c.prompt_tokens for c in choices), sum(len(c.tokens) for c in choices)),
+                    "metrics": speculation_metrics([c.stats for c in choices])}
+
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        first = await _first(steps)  # submission errors (bad drafter, full queue) still answer 4xx
+
+        async def events():
+            chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+            if chat:
+                for c in choices:
+                    yield _sse({"id": ident, "object": chunk_kind, "created": created, "model": model_name,
+                                "choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                             "finish_reason": None}]})
+            pending = [first] if first is not None else []
+            try:
+                while True:
+                    item = pending.pop() if pending else await anext(steps, None)
+                    if item is None:
+                        break
+                    index, step = item
+                    choice = choices[index]
+                    before = list(choice.tokens)
+                    server.apply(choice, step, started)
+                    if choice.finish_reason == "error":
+                        yield _sse(APIError(f"generation failed: {choice.error}", status=500,
+                                            kind="server_error").body())
+                        return
+                    text = server.visible(choice, stops)
+                    delta, choice.sent = text[len(choice.sent):], text
+                    reason = _openai_reason(choice.finish_reason)
+                    body_choice = {"index": index, "finish_reason": reason}
+                    body_choice.update({"delta": {"content": delta} if delta or not reason else {}} if chat else
+                                       {"text": delta, "logprobs": None})
+                    yield _sse({"id": ident, "object": chunk_kind, "created": created, "model": model_name,
+                                "choices": [body_choice],
+                                "genspec": {"tokens": server.pieces(before, step.new_tokens, step.accepted),
+                                            "drafted": step.drafted, "accepted": step.accepted}})
+                if include_usage:
+                    yield _sse({"id": ident, "object": chunk_kind, "created": created, "model": model_name,
+                                "choices": [], "usage": usage(sum(c.prompt_tokens for c in choices),
+                                                              sum(len(c.tokens) for c in choices)),
+                                "metrics": speculation_metrics([c.stats for c in choices])})
+                yield _sse("[DONE]")
+            finally:
+                await steps.aclose()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+async def _first(steps):
+    """The first item of an async generator (None if it ends at once); raising what it raises."""
+    return await anext(steps, None)

@@ -1,0 +1,57 @@
+"""Prometheus metrics of ``genspec serve`` (``GET /metrics``), named in parallel to vLLM's so existing
+dashboards map over (``vllm:`` -> ``genspec:``). Each app has its own registry."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from genspec.engine import StepRecord
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.num_drafts = Counter("genspec:spec_decode_num_drafts", "Verification steps with at least one draft token",
+                                  registry=r)
+        self.num_draft_tokens = Counter("genspec:spec_decode_num_draft_tokens", "Draft tokens verified", registry=r)
+        self.num_accepted_tokens = Counter("genspec:spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                           registry=r)
+        self.accepted_per_pos = Counter("genspec:spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted at each draft position (1 = first)", ["position"],
+                                        registry=r)
+        self.success = Counter("genspec:request_success", "Requests finished, by finish reason", ["finished_reason"],
+                               registry=r)
+        self.failure = Counter("genspec:request_failure",
+                               "Requests not finished: invalid, queue_full, cancelled (client gone), error",
+                               ["reason"], registry=r)
+        self.waiting = Gauge("genspec:num_requests_waiting", "Requests waiting for a slot in the running batch",
+                             registry=r)
+        self.running = Gauge("genspec:num_requests_running", "Requests in the running batch", registry=r)
+        self.generation_tokens = Counter("genspec:generation_tokens", "Tokens generated", registry=r)
+        self.prompt_tokens = Counter("genspec:prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.time_to_first_token = Histogram("genspec:time_to_first_token_seconds", "Time to the first output token",
+                                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.time_per_output_token = Histogram("genspec:time_per_output_token_seconds",
+                                               "Time per output token after the first", buckets=_TOKEN_BUCKETS,
+                                               registry=r)
+        self.e2e_latency = Histogram("genspec:e2e_request_latency_seconds", "Request latency, end to end",
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+
+    def observe_step(self, record: StepRecord, waiting: int, running: int) -> None:
+        for step in record.requests.values():
+            self.generation_tokens.inc(len(step.new_tokens))
+            if step.drafted:
+                self.num_drafts.inc()
+                self.num_draft_tokens.inc(step.drafted)
+                self.num_accepted_tokens.inc(step.accepted)
+                for position, kept in enumerate(step.accepted_per_position, start=1):
+                    if kept:
+                        self.accepted_per_pos.labels(position=str(position)).inc()
+        self.waiting.set(waiting)
+        self.running.set(running)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

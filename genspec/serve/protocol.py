@@ -1,0 +1,152 @@
+"""OpenAI-compatible request and response shapes, with genspec's per-request ``speculative`` object.
+
+Requests are validated with pydantic; anything wrong (malformed JSON, a wrong type, a value out of
+range, an unknown drafter or model) becomes an OpenAI-style error body with a 4xx status, never a
+traceback. Responses carry ``usage`` and, in vLLM's shape, per-request speculation metrics
+(``metrics.speculative_decoding``).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from genspec.engine import RequestStats
+
+
+class APIError(Exception):
+    """An error the client caused (or a full queue): sent as ``{"error": {...}}`` with ``status``."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message, self.status, self.kind, self.param, self.code = message, status, kind, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class SpeculativeOptions(BaseModel):
+    """Per-request speculation (genspec's extension): which drafter, how many tokens, which
+    draft-length policy, or ``enabled: false`` for plain decoding."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    drafter: str | None = None
+    num_draft_tokens: int | None = Field(None, ge=1, le=64)
+    draft_length: Literal["fixed", "heuristic", "cost"] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields shared by completions and chat completions. Unknown fields are ignored (as OpenAI's
+    own server does for fields it does not know); known fields are checked."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)  # vLLM's extension
+    repetition_penalty: float | None = Field(None, gt=0.0)  # vLLM's extension
+    n: int = Field(1, ge=1, le=16)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | int | None = None
+    speculative: SpeculativeOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        if value:
+            raise ValueError("logprobs are not supported by this server")
+        return value
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value):
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt is empty")
+        return value
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict] | None = None
+
+    def text(self) -> str:
+        """The message's text (OpenAI content parts of type "text" are joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError("only text content parts are supported", param="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+# ------------------------------------------------------------------------------ responses
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def speculation_metrics(stats: list[RequestStats]) -> dict:
+    """vLLM's per-request speculative-decoding figures, pooled over a request's samples (``n``)."""
+    steps = sum(s.target_calls for s in stats)
+    drafted = sum(s.drafted_tokens for s in stats)
+    accepted = sum(s.accepted_tokens for s in stats)
+    histogram: list[int] = []
+    for s in stats:
+        histogram.extend([0] * (len(s.accepted_length_histogram) - len(histogram)))
+        for i, count in enumerate(s.accepted_length_histogram):
+            histogram[i] += count
+    return {"speculative_decoding": {
+        "mean_acceptance_length": 1.0 + accepted / steps if steps else 0.0,
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "acceptance_histogram": histogram,
+        "num_spec_steps": steps,
+        "num_draft_tokens": drafted,
+        "num_accepted_draft_tokens": accepted,
+    }}

@@ -1,0 +1,180 @@
+"""The engine's thread: one thread owns the :class:`~genspec.engine.SpeculativeEngine` and steps it
+while there is work; HTTP handlers submit requests and cancellations to it and receive every
+:class:`~genspec.engine.RequestStep` of their requests through a listener.
+
+Why a thread: a step is a blocking model pass (tens to hundreds of milliseconds); the event loop
+keeps serving HTTP (new requests, streams, /metrics) meanwhile. Requests join the running batch at the
+next step boundary (continuous batching). The queue of requests waiting for a batch slot is bounded:
+a submission that would overflow it is refused at once (429), never silently delayed.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from genspec.engine import GenerationConfig, RequestStep, RequestStats, SpeculativeEngine, StepRecord
+
+#: called in the engine's thread with (request id, step) for every step of a request
+Listener = Callable[[int, RequestStep], None]
+
+
+class QueueFull(Exception):
+    """The waiting queue has no room for the submission."""
+
+
+class ShuttingDown(Exception):
+    """The server no longer takes requests."""
+
+
+@dataclass
+class _Submission:
+    prompts: list[list[int]]
+    configs: list[GenerationConfig]
+    sample_indices: list[int]
+    listener: Listener
+    future: Future
+
+
+class EngineWorker:
+    """Steps ``engine`` in a thread of its own. ``max_queue``: requests that may wait for a slot in the
+    running batch (the engine's ``max_batch_size``) before submissions are refused. ``on_record`` sees
+    every step record (metrics)."""
+
+    def __init__(self, engine: SpeculativeEngine, max_queue: int = 64,
+                 on_record: Callable[[StepRecord, "EngineWorker"], None] | None = None):
+        self.engine = engine
+        self.max_queue = max_queue
+        self.on_record = on_record
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._inbox: list[_Submission] = []
+        self._cancels: list[int] = []
+        self._listeners: dict[int, Listener] = {}
+        self._waiting: set[int] = set()  # admitted to the engine's queue, not yet running
+        self._queued = 0  # submitted, not yet added to the engine
+        self._accepting = True
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="genspec-engine", daemon=True)
+
+    # ------------------------------------------------------------------ the handlers' side
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def num_waiting(self) -> int:
+        return self._queued + len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def submit(self, prompts: list[list[int]], configs: list[GenerationConfig], sample_indices: list[int],
+               listener: Listener) -> Future:
+        """Queue requests (one per prompt); the future resolves to their ids once the engine took them,
+        or to the engine's error (a bad drafter name, a prompt too long, ...), in which case none runs."""
+        with self._lock:
+            if not self._accepting:
+                raise ShuttingDown("the server is shutting down")
+            if self.num_waiting + len(prompts) > self.max_queue + max(0, self._free_slots()):
+                raise QueueFull(f"the server's queue is full ({self.max_queue} requests waiting); retry later")
+            future: Future = Future()
+            self._inbox.append(_Submission(prompts, configs, sample_indices, listener, future))
+            self._queued += len(prompts)
+        self._wake.set()
+        return future
+
+    def cancel(self, request_ids: list[int]) -> None:
+        """Stop these requests (a client went away): their rows are freed at the next step boundary."""
+        with self._lock:
+            self._cancels.extend(request_ids)
+        self._wake.set()
+
+    def stop_accepting(self) -> None:
+        with self._lock:
+            self._accepting = False
+
+    def drain(self, grace_s: float) -> None:
+        """Stop taking requests, let those in flight finish for up to ``grace_s`` seconds, cancel the
+        rest, and stop the thread."""
+        self.stop_accepting()
+        deadline = time.monotonic() + grace_s
+        while self._thread.is_alive() and (self._listeners or self._inbox) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.cancel(list(self._listeners))
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _free_slots(self) -> int:
+        limit = self.engine.max_batch_size
+        return 0 if limit is None else limit - self.engine.num_running
+
+    # ------------------------------------------------------------------ the engine's thread
+    def _run(self) -> None:
+        while True:
+            self._take_inbox()
+            if self.engine.has_unfinished():
+                try:
+                    record = self.engine.step()
+                except Exception as exc:  # noqa: BLE001 - fail what was in flight, keep serving
+                    self._fail_in_flight(exc)
+                    continue
+                self._dispatch(record)
+            elif self._stop:
+                return
+            else:
+                self._wake.wait(0.1)
+                self._wake.clear()
+
+    def _take_inbox(self) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, []
+            self._queued -= sum(len(s.prompts) for s in inbox)
+        for submission in inbox:
+            ids = []
+            try:
+                for prompt, config, index in zip(submission.prompts, submission.configs, submission.sample_indices):
+                    ids.append(self.engine.add_request(prompt, config, sample_index=index))
+            except Exception as exc:  # noqa: BLE001 - the submission's own error: none of it runs
+                for request_id in ids:
+                    self.engine.cancel(request_id)
+                submission.future.set_exception(exc)
+                continue
+            for request_id in ids:
+                self._listeners[request_id] = submission.listener
+                self._waiting.add(request_id)
+            submission.future.set_result(ids)
+        for request_id in cancels:
+            self.engine.cancel(request_id)
+
+    def _dispatch(self, record: StepRecord) -> None:
+        self._waiting.difference_update(record.joined)
+        if self.on_record is not None:
+            self.on_record(record, self)
+        for request_id, step in record.requests.items():
+            listener = self._listeners.get(request_id)
+            if step.finish_reason is not None:
+                self._listeners.pop(request_id, None)
+                self._waiting.discard(request_id)
+            if listener is not None:
+                listener(request_id, step)
+
+    def _fail_in_flight(self, exc: Exception) -> None:
+        """A step failed outside any one request's drafting (a bug, or the model itself): the requests in
+        that step fail with the error, the engine is emptied, and the server goes on."""
+        message = f"{type(exc).__name__}: {exc}"
+        for request_id in list(self._listeners):
+            self.engine.cancel(request_id)
+        self.engine.step()  # reports the cancellations; nothing runs any more
+        for request_id, listener in list(self._listeners.items()):
+            listener(request_id, RequestStep([], 0, 0, [], "error", RequestStats(), error=message))
+        self._listeners.clear()
+        self._waiting.clear()

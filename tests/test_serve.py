@@ -1,0 +1,302 @@
+"""genspec serve over the real HTTP stack on loopback, with the real ``openai`` client.
+
+A tiny random-weight model with a byte tokenizer (built in code) is served by uvicorn in a thread of
+this process on 127.0.0.1; every test talks HTTP to it.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+import genspec
+from genspec.drafters.base import Drafter
+from genspec.drafters.prompt_lookup import PromptLookupDrafter
+from genspec.engine import SpeculativeEngine
+from genspec.serve.app import create_app
+
+PROMPT = "abcabcabc def def abc"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Failing(Drafter):
+    """Raises on any request whose sequence contains byte 'Z' (token id of 'Z'); drafts nothing else."""
+
+    name = "failing"
+    free = True
+
+    def __init__(self, bad_token: int):
+        self.bad_token = bad_token
+
+    def propose(self, requests):
+        from genspec.drafters.base import Draft
+
+        if any(self.bad_token in r.sequence for r in requests):
+            raise RuntimeError("this drafter cannot draft after a Z")
+        return Draft.from_chains([[] for _ in requests])
+
+
+class Served:
+    """A server in a thread; ``url``, ``client`` (openai), ``app``."""
+
+    def __init__(self, model_dir, max_batch_size=4, max_queue=8, chat_template=None):
+        target = genspec.load_model(str(model_dir))
+        if chat_template is not None:
+            target.tokenizer.chat_template = chat_template
+        bad = target.tokenizer("Z", add_special_tokens=False)["input_ids"][0]
+        engine = SpeculativeEngine(target, PromptLookupDrafter(), max_batch_size=max_batch_size, drafters={
+            "ngram-cache": genspec.build_drafter("ngram-cache", target, namespace="serve-test"),
+            "failing": _Failing(bad)})
+        self.engine = engine
+        self.app = create_app(engine, "tiny", max_queue=max_queue, grace_s=5)
+        self.port = _free_port()
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def metric(self, name: str, **labels) -> float:
+        text = httpx.get(self.url + "/metrics").text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                if all(f'{k}="{v}"' in key for k, v in labels.items()) and (key == name or key.startswith(name + "{")):
+                    total += float(value)
+        return total
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir):
+    server = Served(tiny_model_dir)
+    yield server
+    server.stop()
+
+
+def _reference(model_dir, prompt: str, n: int) -> str:
+    engine = genspec.load(str(model_dir), drafter="none")
+    return engine.generate(prompt, max_new_tokens=n, temperature=0.0)[0].text
+
+
+# ------------------------------------------------------------------------------ completions and chat
+def test_greedy_completion_equals_genspec_generate(served, tiny_model_dir):
+    response = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0)
+    assert response.choices[0].text == _reference(tiny_model_dir, PROMPT, 24)
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 24 and response.usage.prompt_tokens > 0
+    spec = response.model_extra["metrics"]["speculative_decoding"]
+    assert spec["num_spec_steps"] >= 1 and sum(spec["acceptance_histogram"]) == spec["num_spec_steps"]
+    assert spec["num_accepted_draft_tokens"] <= spec["num_draft_tokens"]
+
+
+def test_chat_with_the_plain_text_fallback(served):
+    """The byte tokenizer has no chat template: messages become "Role: text" paragraphs."""
+    response = served.client.chat.completions.create(
+        model="tiny", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        max_tokens=10, temperature=0)
+    assert response.object == "chat.completion"
+    assert response.choices[0].message.role == "assistant"
+    expected = served.engine.tokenizer("System: be brief\n\nUser: hi\n\nAssistant:")["input_ids"]
+    assert response.usage.prompt_tokens == len(expected)
+
+
+def test_chat_uses_the_tokenizers_template(tiny_model_dir):
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    server = Served(tiny_model_dir, chat_template=template)
+    try:
+        response = server.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                         max_tokens=4, temperature=0)
+        assert response.usage.prompt_tokens == len("<user>hi<assistant>")
+    finally:
+        server.stop()
+
+
+def test_streaming_equals_the_full_response_and_ends_with_done(served):
+    full = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0).choices[0].text
+    chunks = list(served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+    assert chunks[-1].model_extra["metrics"]["speculative_decoding"]["num_spec_steps"] >= 1
+    with httpx.stream("POST", served.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 8,
+                                                                     "stream": True, "temperature": 0}) as raw:
+        assert raw.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in raw.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    tokens = [piece for line in lines[:-1] for piece in json.loads(line[6:])["genspec"]["tokens"]]
+    assert len(tokens) == 8 and all(isinstance(text, str) and isinstance(drafted, bool) for text, drafted in tokens)
+
+
+def test_chat_streaming(served):
+    chunks = list(served.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "abc"}],
+                                                        max_tokens=12, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    full = served.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "abc"}],
+                                                 max_tokens=12, temperature=0)
+    assert text == full.choices[0].message.content
+
+
+def test_n_samples_and_seeds_reproducible_across_batch_neighbours(served):
+    request = dict(model="tiny", prompt=PROMPT, max_tokens=20, temperature=1.0, n=3, seed=11)
+    alone = [c.text for c in served.client.completions.create(**request).choices]
+    assert len(set(alone)) > 1  # n independent samples
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # the same request among neighbours
+        neighbours = [pool.submit(served.client.completions.create, model="tiny", prompt="xyz" * (i + 1),
+                                  max_tokens=30, temperature=0.7) for i in range(3)]
+        again = pool.submit(served.client.completions.create, **request)
+        assert [c.text for c in again.result().choices] == alone
+        [f.result() for f in neighbours]
+
+
+def test_stop_strings_end_the_text_before_them(served):
+    full = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, temperature=0).choices[0].text
+    stop = full[10:12]
+    response = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, temperature=0, stop=[stop])
+    assert response.choices[0].finish_reason == "stop"
+    assert response.choices[0].text == full[:full.index(stop)]
+    streamed = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, temperature=0, stop=stop,
+                                                stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == full[:full.index(stop)]
+
+
+# ------------------------------------------------------------------------------ per-request speculation
+def test_speculation_off_drafts_nothing_and_num_draft_tokens_is_honoured(served):
+    off = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
+                                           extra_body={"speculative": {"enabled": False}})
+    assert off.model_extra["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
+    fixed = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
+                                             extra_body={"speculative": {"num_draft_tokens": 2, "draft_length": "fixed"}})
+    spec = fixed.model_extra["metrics"]["speculative_decoding"]
+    assert 0 < spec["num_draft_tokens"] <= 2 * spec["num_spec_steps"]
+    assert fixed.choices[0].text == off.choices[0].text  # greedy: the same text either way
+    other = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
+                                             extra_body={"speculative": {"drafter": "ngram-cache"}})
+    assert other.choices[0].text == off.choices[0].text
+
+
+def test_metrics_counters_move(served):
+    before = served.metric("genspec:spec_decode_num_draft_tokens_total")
+    generated = served.metric("genspec:generation_tokens_total")
+    served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
+                                     extra_body={"speculative": {"num_draft_tokens": 4, "draft_length": "fixed"}})
+    assert served.metric("genspec:spec_decode_num_draft_tokens_total") > before
+    assert served.metric("genspec:generation_tokens_total") == generated + 24
+    assert served.metric("genspec:request_success_total", finished_reason="length") >= 1
+    assert served.metric("genspec:e2e_request_latency_seconds_count") >= 1
+    assert served.metric("genspec:spec_decode_num_accepted_tokens_per_pos_total", position="1") >= 0
+    text = httpx.get(served.url + "/metrics").text
+    for name in ("genspec:num_requests_waiting", "genspec:num_requests_running",
+                 "genspec:time_to_first_token_seconds_bucket", "genspec:time_per_output_token_seconds_bucket",
+                 "genspec:spec_decode_num_drafts_total", "genspec:spec_decode_num_accepted_tokens_total"):
+        assert name in text
+
+
+def test_models_health_and_playground(served):
+    models = served.client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert set(models.data[0].model_extra["drafters"]) >= {"none", "prompt-lookup", "ngram-cache"}
+    assert httpx.get(served.url + "/health").json() == {"status": "ok"}
+    page = httpx.get(served.url + "/")
+    assert page.status_code == 200 and "/v1/completions" in page.text and "draft" in page.text
+
+
+# ------------------------------------------------------------------------------ bad input and faults
+@pytest.mark.parametrize("body, status, fragment", [
+    ("{not json", 400, "not valid JSON"),
+    ({"prompt": PROMPT, "max_tokens": "many"}, 400, "max_tokens"),
+    ({"prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": PROMPT, "max_tokens": 100_000}, 400, "maximum context length"),
+    ({"prompt": PROMPT, "temperature": -1}, 400, "temperature"),
+    ({"prompt": "x" * 400}, 400, "maximum context length"),
+    ({"prompt": PROMPT, "model": "gpt-5"}, 404, "does not exist"),
+    ({"prompt": PROMPT, "speculative": {"drafter": "nope"}}, 400, "unknown drafter"),
+    ({"prompt": PROMPT, "speculative": {"num_draft_tokens": 0}}, 400, "num_draft_tokens"),
+    ({"prompt": PROMPT, "speculative": {"colour": "red"}}, 400, "colour"),
+    ({"prompt": PROMPT, "n": 0}, 400, "n"),
+    ({"prompt": []}, 400, "prompt"),
+    ({"max_tokens": 3}, 400, "prompt"),
+])
+def test_bad_requests_get_an_openai_error_and_the_server_keeps_serving(served, body, status, fragment):
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = httpx.post(served.url + "/v1/completions", content=content,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert fragment in error["message"] and error["type"] and "Traceback" not in response.text
+    assert served.client.completions.create(model="tiny", prompt="abc", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_bad_chat_requests(served):
+    for body in ({"messages": []}, {"messages": [{"role": "wizard", "content": "hi"}]},
+                 {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}):
+        response = httpx.post(served.url + "/v1/chat/completions", json=body)
+        assert response.status_code == 400 and "error" in response.json()
+
+
+def test_a_failing_request_fails_alone(served):
+    """A drafter that fails on one request: that request gets an error, its batch neighbours finish."""
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        good = [pool.submit(served.client.completions.create, model="tiny", prompt=PROMPT, max_tokens=30,
+                            temperature=0, extra_body={"speculative": {"drafter": "failing"}}) for _ in range(2)]
+        bad = pool.submit(served.client.completions.create, model="tiny", prompt="Z" + PROMPT, max_tokens=30,
+                          temperature=0, extra_body={"speculative": {"drafter": "failing"}})
+        with pytest.raises(openai.InternalServerError, match="cannot draft after a Z"):
+            bad.result()
+        assert all(f.result().usage.completion_tokens == 30 for f in good)
+
+
+def test_a_client_that_disconnects_frees_its_slot(served):
+    """The client hangs up after the first chunk of a 220-token greedy request (which runs to 220 tokens when
+    nobody hangs up): it is cancelled at the next step boundary (far fewer tokens) and its row is freed."""
+    generated = served.metric("genspec:generation_tokens_total")
+    with httpx.stream("POST", served.url + "/v1/completions",
+                      json={"prompt": PROMPT, "max_tokens": 220, "stream": True, "temperature": 0,
+                            "speculative": {"enabled": False}}) as raw:
+        for line in raw.iter_lines():
+            if line.startswith("data: "):
+                break  # one chunk, then hang up
+    deadline = time.time() + 10
+    while served.app.state.server.worker.num_running and time.time() < deadline:
+        time.sleep(0.05)
+    assert served.app.state.server.worker.num_running == 0
+    time.sleep(0.5)
+    assert served.metric("genspec:generation_tokens_total") - generated < 110
+    assert served.metric("genspec:request_failure_total", reason="cancelled") >= 1
+
+
+def test_a_full_queue_answers_429(tiny_model_dir):
+    server = Served(tiny_model_dir, max_batch_size=1, max_queue=1)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            calls = [pool.submit(httpx.post, server.url + "/v1/completions", timeout=120,
+                                 json={"prompt": PROMPT, "max_tokens": 60, "temperature": 0}) for _ in range(6)]
+            statuses = [c.result().status_code for c in calls]
+        assert statuses.count(429) >= 1 and statuses.count(200) >= 2
+        rejected = next(c.result() for c in calls if c.result().status_code == 429)
+        assert rejected.json()["error"]["code"] == "queue_full"
+        assert server.metric("genspec:request_failure_total", reason="queue_full") >= 1
+    finally:
+        server.stop()
