@@ -2,9 +2,10 @@
 
 Two servers on loopback (127.0.0.1), the same model, one with speculation (the default drafter) and one
 without (``--drafter none``); closed-loop clients (each sends its next request when the last one
-finished) at each concurrency level, a fixed number of requests per level and server, streaming chat
-completions of Spec-Bench prompts (the first prompts of each category, the ones ``genspec bench``
-measures), greedy, 128 tokens. The levels alternate between the two servers (on, off, then off, on,
+finished) at each concurrency level, a fixed number of requests per level and server, streaming
+completions of Spec-Bench prompts (the first two of each category, the ones ``genspec bench``
+measures, framed as ``genspec bench`` frames them for a model without a chat template:
+"Question: ...\nAnswer:"), greedy, 128 tokens. The levels alternate between the two servers (on, off, then off, on,
 ...) so that slow drifts of the machine hit both. The script stops by itself.
 
     python benchmarks/serve_load.py --out benchmarks/results/serve_load
@@ -56,14 +57,14 @@ def start_server(drafter: str, port: int, args) -> subprocess.Popen:
 
 
 def one_request(url: str, prompt: str, max_tokens: int) -> dict:
-    """A streaming chat completion; client-side timings."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+    """A streaming completion; client-side timings."""
+    body = {"prompt": f"Question: {prompt}\nAnswer:", "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     first = None
     tokens = 0
     try:
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as response:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
             if response.status_code != 200:
                 return {"ok": False, "error": f"HTTP {response.status_code}", "latency_s": time.perf_counter() - started}
             for line in response.iter_lines():

@@ -181,3 +181,29 @@ def draft_vocabulary(target, size: int, corpus: Iterable[str | Path] = ()) -> di
     ids = sorted(set(ids) | set(special))
     covered = sum(counts[i] for i in ids) / sum(counts.values())
     return {"token_ids": ids, "source": source, "coverage": covered}
+
+
+# ---------------------------------------------------------------- verify costs by block shape
+def measure_verify_costs(target, costs, batches=(1, 2, 4, 8, 16), widths=(1, 2, 3, 5, 9), context: int = 256,
+                         repeats: int = 2, progress: Progress | None = None) -> None:
+    """Time the target's pass over blocks of ``batch`` rows x ``width`` tokens after ``context`` tokens
+    per row, and record them in ``costs`` (a :class:`genspec.draft_length.CostModel`), so that a batch's
+    draft-length plan starts from this machine's costs. The target is left empty (no rows)."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = min(target.vocab_size, 32_000)
+    if target.max_context is not None:  # a small model: measure at the longest context that fits
+        context = max(1, min(context, target.max_context - max(widths)))
+    for batch in batches:
+        _report(progress, f"measuring verify costs: {batch} row(s)")
+        target.reset(0)
+        target.add_rows([torch.randint(3, vocab, (context,), generator=generator).tolist() for _ in range(batch)])
+        for width in widths:
+            times = []
+            for _ in range(repeats + 1):
+                block = torch.randint(3, vocab, (batch, width), generator=generator)
+                started = time.perf_counter()
+                target.forward(block)
+                times.append(time.perf_counter() - started)
+                target.keep_block(torch.full((batch, width), -1))
+            costs.observe_verify(width, sorted(times[1:])[len(times[1:]) // 2], batch)
+    target.reset(0)

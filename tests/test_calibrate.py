@@ -47,3 +47,18 @@ def test_draft_vocab_bad_corpus(tmp_path, tiny_model_dir_4_layers, capsys):
     assert main(["calibrate", "draft-vocab", "--model", str(tiny_model_dir_4_layers), "--corpus", str(binary),
                  "--out", str(tmp_path / "v.json")]) == 2
     assert "UTF-8" in capsys.readouterr().err
+
+
+def test_measure_verify_costs_fills_the_cost_model_and_leaves_the_target_empty(tiny_target):
+    """Every (batch, width) measured gets a positive cost; the context is clipped to the model's 256
+    tokens (asking for 1000 must not fail), and no row is left behind for the engine to trip over."""
+    from genspec.calibration import measure_verify_costs
+    from genspec.draft_length import CostModel
+
+    costs, seen = CostModel(), []
+    measure_verify_costs(tiny_target, costs, batches=(1, 3), widths=(1, 4), context=1000, repeats=1,
+                         progress=seen.append)
+    for batch in (1, 3):
+        for width in (1, 4):
+            assert costs.verify_cost(width, batch) > 0
+    assert tiny_target.num_rows == 0 and len(seen) == 2

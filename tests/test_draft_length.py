@@ -171,7 +171,7 @@ def test_engine_drops_weak_free_drafts_and_stays_exact():
 
     class Synthetic(CostModel):
         def observe_verify(self, width, seconds, batch=1):
-            self.verify[batch * width] = 1 + 0.1 * (batch * width - 1)
+            self.verify[(batch, width)] = 1 + 0.1 * (width - 1)
 
     target = HFCausalLM(tiny_llama(0))
     prompt = [[5, 6, 7, 8, 9, 5, 6, 7]]
@@ -199,57 +199,72 @@ def test_engine_drops_weak_free_drafts_and_stays_exact():
 
 # ------------------------------------------------------------------------------ a batch's plan
 def _costs(step: float = 0.1, per_token: float = 0.01) -> CostModel:
-    """Verify costs that grow linearly with the block's size (rows x width), as on a compute-bound CPU."""
+    """Verify costs that grow linearly with the block's rows x width, as on a compute-bound CPU."""
     costs = CostModel()
-    for size in (1, 2, 4, 8, 9, 16, 32, 64, 72, 128):
-        costs.observe_verify(size, step + per_token * (size - 1))
+    for batch in (1, 3, 8):
+        for width in range(1, 10):
+            costs.observe_verify(width, step + per_token * (batch * width - 1), batch)
     return costs
 
 
-def _confident(k_max: int = 8, costs=None) -> DraftLength:
-    policy = DraftLength("cost", k_max=k_max, cost_model=costs)
-    for _ in range(40):
-        policy.update(drafted=8, accepted=8)
-    return policy
+def _policy(first: float, later: float, costs=None, k_max: int = 8) -> DraftLength:
+    """A cost policy whose acceptance estimates are (almost exactly) ``first`` / ``later``."""
+    return DraftLength("cost", k_max=k_max, cost_model=costs, prior_alpha=first, prior_later=later,
+                       prior_weight=1e6)
 
 
 def test_a_batch_drafts_less_than_one_request_and_switches_off_when_verifying_costs_too_much():
-    """The same confident requests: alone they draft k_max; in a batch whose block cost grows with rows
-    x width, the plan shortens the drafts, and with steep enough costs it switches speculation off."""
-    costs = _costs(step=0.1, per_token=0.01)
-    alone = plan([RowPlan(_confident(), None, 8)], costs)
-    assert alone == [8]
-    batch = plan([RowPlan(_confident(), None, 8) for _ in range(8)], costs)
-    assert len(set(batch)) == 1 and 0 < batch[0] <= 8
-    steep = _costs(step=0.1, per_token=0.1)  # each block token costs as much as a whole plain step
-    assert plan([RowPlan(_confident(), None, 8) for _ in range(8)], steep) == [0] * 8
-
-
-def test_one_confident_row_does_not_pad_a_batch_of_doubtful_ones():
-    """A batch pays for its widest row: one request sure of its draft among seven that draft nothing
-    worth verifying gets a shorter draft than it would alone (or none)."""
+    """The same requests: alone they draft k_max; in a batch of 8, whose block costs grow with rows x
+    width, they draft less; with steeper costs the plan switches speculation off."""
     costs = _costs(step=0.1, per_token=0.005)
-    doubtful = DraftLength("cost", k_max=8, cost_model=costs)
-    for _ in range(40):
-        doubtful.update(drafted=4, accepted=0)
-    rows = [RowPlan(_confident(), None, 8)] + [RowPlan(doubtful, None, 8) for _ in range(7)]
-    mixed = plan(rows, costs)
-    assert mixed[0] < plan([RowPlan(_confident(), None, 8)], costs)[0]
-    assert mixed[1:] == [mixed[1]] * 7  # the block is one width: every cost row drafts up to it
+    assert plan([RowPlan(_policy(0.8, 0.8), None, 8)], costs) == [8]
+    batch = plan([RowPlan(_policy(0.8, 0.8), None, 8) for _ in range(8)], costs)
+    assert len(set(batch)) == 1 and 0 < batch[0] < 8
+    steep = _costs(step=0.1, per_token=0.02)
+    assert plan([RowPlan(_policy(0.8, 0.8), None, 8) for _ in range(8)], steep) == [0] * 8
 
 
-def test_fixed_rows_set_the_width_and_cost_rows_fill_it():
-    costs = _costs(step=0.1, per_token=0.5)  # drafting never pays by itself here
+def test_weak_drafts_fill_the_block_a_strong_one_pays_for():
+    """One request sure of its draft among seven doubtful ones: the block is as wide as the sure one
+    needs, and the doubtful free drafts fill it (padding costs the same as their tokens)."""
+    costs = _costs(step=0.1, per_token=0.0005)
+    rows = [RowPlan(_policy(0.95, 0.95), None, 8)] + [RowPlan(_policy(0.1, 0.5), None, 8) for _ in range(7)]
+    lengths = plan(rows, costs)
+    assert lengths[0] > 0 and lengths[1:] == [lengths[0]] * 7
+    doubtful = [RowPlan(_policy(0.1, 0.5), None, 8) for _ in range(8)]
+    assert plan(doubtful, costs) == [0] * 8  # without the sure one, the block is not worth widening
+
+
+def test_a_costly_drafter_drafts_only_for_rows_that_pay_its_time():
+    costs = _costs(step=0.1, per_token=0.002)
+    draft_cost = DraftCost()
+    draft_cost.observe(positions=1, seconds=0.03)
+    rows = [RowPlan(_policy(0.95, 0.95), None, 8, draft_cost), RowPlan(_policy(0.01, 0.5), None, 8, draft_cost)]
+    sure_only = plan(rows, costs)
+    assert sure_only[0] > 0
+    weak_alone = plan([RowPlan(_policy(0.01, 0.5), None, 8, draft_cost), RowPlan(None)], costs)
+    assert weak_alone == [0, 0]
+
+
+def test_fixed_rows_draft_their_own_k_and_cost_rows_join_when_it_pays():
+    costs = _costs(step=0.1, per_token=0.5)  # a block token costs half a plain step
     fixed = DraftLength("fixed", k_max=5, cost_model=costs)
-    lengths = plan([RowPlan(fixed, None, 8), RowPlan(_confident(costs=costs), None, 8), RowPlan(None)], costs)
-    assert lengths[0] == 5 and lengths[1] == 5 and lengths[2] == 0  # the block is 6 wide anyway
-    assert plan([RowPlan(_confident(costs=costs), None, 8), RowPlan(None)], costs) == [0, 0]
+    lengths = plan([RowPlan(fixed, None, 8), RowPlan(_policy(0.3, 0.3, costs), None, 8), RowPlan(None)], costs)
+    assert lengths[0] == 5 and lengths[2] == 0
+    assert lengths[1] in (0, 5)  # free tokens in a 6-wide block: it drafts if its gain is positive
+    assert plan([RowPlan(_policy(0.3, 0.3, costs), None, 8), RowPlan(None), RowPlan(None)], costs) == [0, 0, 0]
 
 
-def test_cost_model_interpolates_between_block_sizes():
+def test_cost_model_interpolates_extrapolates_and_borrows_curves():
     costs = CostModel()
-    costs.observe_verify(1, 0.1, batch=4)  # 4 tokens
-    costs.observe_verify(3, 0.3, batch=4)  # 12 tokens
-    assert costs.verify_cost(2, batch=4) == pytest.approx(0.2)  # 8 tokens: halfway
+    costs.observe_verify(1, 0.1, batch=4)
+    costs.observe_verify(3, 0.3, batch=4)
+    assert costs.verify_cost(2, batch=4) == pytest.approx(0.2)  # interpolated
+    assert costs.verify_cost(5, batch=4) == pytest.approx(0.5)  # extrapolated with the measured slope
     assert costs.relative(3, batch=4) == pytest.approx(3.0)
-    assert costs.verify_cost(1, batch=1) == pytest.approx(0.1 * 1.0 / 1.3)  # below: the prior's slope
+    costs.observe_verify(1, 0.2, batch=8)  # a plain step only: batch 4's relative curve is borrowed
+    assert costs.relative(3, batch=8) == pytest.approx(3.0)
+    assert costs.verify_cost(3, batch=8) == pytest.approx(0.6)
+    single = CostModel()
+    single.observe_verify(1, 0.1)
+    assert single.relative(3) == pytest.approx(1.2)  # nothing to borrow: the growth prior

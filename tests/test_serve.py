@@ -300,3 +300,45 @@ def test_a_full_queue_answers_429(tiny_model_dir):
         assert server.metric("genspec:request_failure_total", reason="queue_full") >= 1
     finally:
         server.stop()
+
+
+def test_sigterm_finishes_requests_in_flight_and_stops_taking_new_ones(tiny_model_dir):
+    """`genspec serve` as a process: SIGTERM while a stream runs; the stream still ends normally
+    (finish reason, [DONE]), new connections are refused, and the process ends without an error."""
+    import signal
+    import subprocess
+    import sys
+
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "genspec", "serve", "--model", str(tiny_model_dir), "--port",
+                                str(port), "--grace-period", "20"], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.time() < deadline
+                time.sleep(0.2)
+        lines = []
+        with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                          json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}) as raw:
+            for line in raw.iter_lines():
+                if line and not lines:
+                    process.send_signal(signal.SIGTERM)
+                    time.sleep(0.5)
+                    with pytest.raises(httpx.ConnectError):
+                        httpx.get(url + "/health", timeout=2)
+                if line:
+                    lines.append(line)
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
+        # uvicorn re-raises the signal once it has shut down gracefully, as servers do
+        assert process.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()

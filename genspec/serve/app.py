@@ -215,7 +215,9 @@ def _sse(payload) -> str:
 
 def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, grace_s: float = 30.0,
                chat_max_tokens: int = 1024) -> FastAPI:
-    """The server's FastAPI app over ``engine`` (which it steps in a thread of its own)."""
+    """The server's FastAPI app over ``engine`` (which it steps in a thread of its own). Measure the
+    engine's verify costs first (:func:`genspec.calibration.measure_verify_costs`) to start from this
+    machine's costs of batched blocks rather than learn them from traffic."""
     server = _Server(engine, model_name, max_queue, grace_s, chat_max_tokens)
 
     @asynccontextmanager
