@@ -268,3 +268,17 @@ def test_cost_model_interpolates_extrapolates_and_borrows_curves():
     single = CostModel()
     single.observe_verify(1, 0.1)
     assert single.relative(3) == pytest.approx(1.2)  # nothing to borrow: the growth prior
+
+
+def test_a_slow_sample_does_not_make_a_width_dearer_than_a_wider_one():
+    """Noise only adds time: a width measured slower than a wider one costs what the wider one did,
+    so the plan can still pick it (and correct it by observing it)."""
+    costs = CostModel()
+    for width, seconds in ((1, 0.068), (2, 0.113), (3, 0.183), (5, 0.153), (9, 0.209)):
+        costs.observe_verify(width, seconds, batch=4)
+    assert costs.verify_cost(3, 4) == pytest.approx(0.153)
+    assert costs.verify_cost(2, 4) == pytest.approx(0.113)
+    assert costs.verify_cost(4, 4) == pytest.approx(0.153)
+    for _ in range(5):  # observed again (cheaper): its own running average takes over
+        costs.observe_verify(3, 0.090, batch=4)
+    assert costs.verify_cost(3, 4) == pytest.approx(0.8 ** 5 * 0.183 + (1 - 0.8 ** 5) * 0.090)

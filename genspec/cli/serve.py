@@ -59,10 +59,8 @@ def run_serve(args) -> int:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
     if args.max_batch_size < 1 or args.max_queue < 0 or args.grace_period < 0:
         raise ConfigError("--max-batch-size must be >= 1, --max-queue and --grace-period >= 0")
-    import uvicorn
-
     import genspec
-    from genspec.serve.app import create_app
+    from genspec.serve.app import create_app, run_server
 
     options = dict(parse_option(o) for o in args.drafter_option)
     engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
@@ -78,7 +76,6 @@ def run_serve(args) -> int:
             measure_verify_costs(engine.target, engine.costs, batches=batches,
                                  progress=lambda text: status.update(text))
     name = args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m")
-    app = create_app(engine, name, max_queue=args.max_queue, grace_s=args.grace_period)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=max(1, int(args.grace_period)))
+    app = create_app(engine, name, max_queue=args.max_queue, grace_s=args.grace_period, engine_thread=False)
+    run_server(app, args.host, args.port, args.grace_period)
     return 0

@@ -214,17 +214,21 @@ def _sse(payload) -> str:
 
 
 def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, grace_s: float = 30.0,
-               chat_max_tokens: int = 1024) -> FastAPI:
-    """The server's FastAPI app over ``engine`` (which it steps in a thread of its own). Measure the
+               chat_max_tokens: int = 1024, engine_thread: bool = True) -> FastAPI:
+    """The server's FastAPI app over ``engine``. ``engine_thread``: the app steps the engine in a thread
+    it starts (to embed the app in your own ASGI server); False: the caller steps it, as
+    :func:`run_server` does in the thread that loaded the model (faster: see there). Measure the
     engine's verify costs first (:func:`genspec.calibration.measure_verify_costs`) to start from this
     machine's costs of batched blocks rather than learn them from traffic."""
     server = _Server(engine, model_name, max_queue, grace_s, chat_max_tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        server.worker.start()
+        if engine_thread:
+            server.worker.start()
         yield
-        await asyncio.to_thread(server.worker.drain, server.grace_s)
+        if engine_thread:
+            await asyncio.to_thread(server.worker.drain, server.grace_s)
 
     app = FastAPI(title="genspec", lifespan=lifespan)
     app.state.server = server
@@ -388,3 +392,45 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
 async def _first(steps):
     """The first item of an async generator (None if it ends at once); raising what it raises."""
     return await anext(steps, None)
+
+
+def run_server(app: FastAPI, host: str, port: int, grace_s: float, log_level: str = "warning") -> None:
+    """Serve ``app`` (made with ``engine_thread=False``) on ``host:port`` until SIGTERM or SIGINT, stepping
+    its engine in the calling thread and running HTTP in another.
+
+    Why this way round: PyTorch's CPU kernels run on OpenMP, whose thread team belongs to the thread that
+    starts it; a second thread doing torch work gets a second team, and with more OpenMP threads than
+    cores libgomp stops spin-waiting between a step's thousands of short parallel regions. The embedded
+    model's forward over 4 rows took 68 ms in the thread that loaded it and 90 ms in another
+    (``python benchmarks/thread_forward.py``, 2-core EPYC), which cost the server 30% of its throughput.
+
+    On a signal: no new connections; requests in flight run up to ``grace_s`` seconds more, then are
+    cancelled; then the process returns."""
+    import signal
+    import threading
+
+    import uvicorn
+
+    http = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                         timeout_graceful_shutdown=max(1, int(grace_s) + 5)))
+    worker = app.state.server.worker
+
+    def on_signal(signum, frame):  # only sets flags: it runs inside the engine loop, in this thread
+        http.should_exit = True
+        worker.begin_drain(grace_s)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=http.run, name="genspec-http", daemon=True)
+    try:
+        thread.start()
+        while not http.started:
+            if not thread.is_alive():
+                raise GenspecError(f"cannot serve on {host}:{port} (is the port in use?)")
+            time.sleep(0.05)
+        worker.run(keep_running=thread.is_alive)
+    finally:
+        http.should_exit = True
+        thread.join(timeout=grace_s + 30)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+

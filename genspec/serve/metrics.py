@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from genspec.engine import StepRecord
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_STEP_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
 _TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
 
 
@@ -40,7 +41,21 @@ class Metrics:
         self.e2e_latency = Histogram("genspec:e2e_request_latency_seconds", "Request latency, end to end",
                                      buckets=_LATENCY_BUCKETS, registry=r)
 
+        # where a step's time goes (vLLM's model_forward / model_execute times): a step much longer than
+        # its forward pass means the server (or drafting) is the bottleneck, not the model
+        self.step_time = Histogram("genspec:engine_step_seconds", "Engine step time (prefills, drafting, "
+                                   "verification, bookkeeping)", buckets=_STEP_BUCKETS, registry=r)
+        self.forward_time = Histogram("genspec:model_forward_seconds", "The target's verify pass in a step",
+                                      buckets=_STEP_BUCKETS, registry=r)
+        self.prefill_time = Histogram("genspec:prefill_seconds", "Prefills of requests joining the batch in a step",
+                                      buckets=_STEP_BUCKETS, registry=r)
+
     def observe_step(self, record: StepRecord, waiting: int, running: int) -> None:
+        self.step_time.observe(record.total_time_s)
+        if record.target_time_s:
+            self.forward_time.observe(record.target_time_s)
+        if record.joined:
+            self.prefill_time.observe(record.prefill_time_s)
         for step in record.requests.values():
             self.generation_tokens.inc(len(step.new_tokens))
             if step.drafted:

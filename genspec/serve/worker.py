@@ -2,8 +2,11 @@
 while there is work; HTTP handlers submit requests and cancellations to it and receive every
 :class:`~genspec.engine.RequestStep` of their requests through a listener.
 
-Why a thread: a step is a blocking model pass (tens to hundreds of milliseconds); the event loop
-keeps serving HTTP (new requests, streams, /metrics) meanwhile. Requests join the running batch at the
+Why a thread of its own: a step is a blocking model pass (tens to hundreds of milliseconds); the event
+loop keeps serving HTTP (new requests, streams, /metrics) meanwhile. Which thread: ``genspec serve``
+steps the engine in the main thread, the one that loaded the model, and runs HTTP in another
+(:func:`genspec.serve.app.run_server` says why); an app embedded in someone else's server steps it
+in a thread the app starts (:meth:`EngineWorker.start`). Requests join the running batch at the
 next step boundary (continuous batching). The queue of requests waiting for a batch slot is bounded:
 a submission that would overflow it is refused at once (429), never silently delayed.
 """
@@ -56,11 +59,12 @@ class EngineWorker:
         self._waiting: set[int] = set()  # admitted to the engine's queue, not yet running
         self._queued = 0  # submitted, not yet added to the engine
         self._accepting = True
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="genspec-engine", daemon=True)
+        self._deadline: float | None = None  # set by a drain: when requests still in flight are cancelled
+        self._thread = threading.Thread(target=self.run, name="genspec-engine", daemon=True)
 
     # ------------------------------------------------------------------ the handlers' side
     def start(self) -> None:
+        """Step the engine in a thread of its own (:meth:`run`)."""
         self._thread.start()
 
     @property
@@ -97,29 +101,37 @@ class EngineWorker:
         self._wake.set()
 
     def stop_accepting(self) -> None:
-        with self._lock:
-            self._accepting = False
+        self._accepting = False
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Stop taking requests; those in flight may run ``grace_s`` seconds more, then are cancelled, and
+        :meth:`run` returns once nothing is left. Only sets attributes (no lock), so a signal handler may
+        call it while the same thread is inside :meth:`run`."""
+        self._accepting = False
+        self._deadline = time.monotonic() + grace_s
 
     def drain(self, grace_s: float) -> None:
-        """Stop taking requests, let those in flight finish for up to ``grace_s`` seconds, cancel the
-        rest, and stop the thread."""
-        self.stop_accepting()
-        deadline = time.monotonic() + grace_s
-        while self._thread.is_alive() and (self._listeners or self._inbox) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.cancel(list(self._listeners))
-        self._stop = True
+        """:meth:`begin_drain`, then wait for the thread :meth:`start` started to finish."""
+        self.begin_drain(grace_s)
         self._wake.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=grace_s + 30)
 
     def _free_slots(self) -> int:
         limit = self.engine.max_batch_size
         return 0 if limit is None else limit - self.engine.num_running
 
     # ------------------------------------------------------------------ the engine's thread
-    def _run(self) -> None:
+    def run(self, keep_running: Callable[[], bool] | None = None) -> None:
+        """Step the engine in the calling thread while there is work, until a drain finishes (or,
+        when ``keep_running`` turns false, at once: whatever is in flight is cancelled)."""
         while True:
+            if keep_running is not None and self._deadline is None and not keep_running():
+                self.begin_drain(0.0)
             self._take_inbox()
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                for request_id in list(self._listeners):  # grace is over: cancel (idempotent)
+                    self.engine.cancel(request_id)
             if self.engine.has_unfinished():
                 try:
                     record = self.engine.step()
@@ -127,7 +139,7 @@ class EngineWorker:
                     self._fail_in_flight(exc)
                     continue
                 self._dispatch(record)
-            elif self._stop:
+            elif self._deadline is not None and not self._inbox:
                 return
             else:
                 self._wake.wait(0.1)

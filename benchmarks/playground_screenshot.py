@@ -1,0 +1,102 @@
+"""Check the playground page of ``genspec serve`` in headless Chromium and take a screenshot.
+
+Starts ``genspec serve`` on loopback (127.0.0.1) with the embedded model (or ``--model``), opens
+``/?prompt=...&autorun=1`` in Debian's Chromium (``apt install chromium``), lets the page stream a greedy
+completion, then checks the rendered page (the completion is there, split into tokens from accepted drafts
+and tokens the target produced, with the acceptance figures filled in) and writes the screenshot. Stops
+the server and exits non-zero if any check fails.
+
+    python benchmarks/playground_screenshot.py --out benchmarks/results/playground.png
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+import httpx
+
+PROMPT = ("Question: Rewrite this function with a docstring.\n\ndef area_of_square(side):\n    return side * side\n\n"
+          "Answer:\n\ndef area_of_square(side):")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chromium(*arguments: str) -> subprocess.CompletedProcess:
+    # virtual time stands still while the streaming fetch is open, so the budget is spent after it ends
+    return subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--virtual-time-budget=120000", "--window-size=1100,900",
+                           f"--user-data-dir={tempfile.mkdtemp()}", *arguments],
+                          capture_output=True, text=True, timeout=600)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="model directory (default: the embedded model)")
+    parser.add_argument("--max-tokens", type=int, default=80)
+    parser.add_argument("--out", default="benchmarks/results/playground.png")
+    args = parser.parse_args()
+    port = free_port()
+    command = [sys.executable, "-m", "genspec", "serve", "--host", "127.0.0.1", "--port", str(port),
+               "--no-cost-measurement"] + (["--model", args.model] if args.model else [])
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while True:
+            if server.poll() is not None:
+                print(f"server exited: {server.stderr.read()}", file=sys.stderr)
+                return 1
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if time.time() > deadline:
+                    print("server did not start in 5 minutes", file=sys.stderr)
+                    return 1
+                time.sleep(1)
+        page = f"{url}/?{urllib.parse.urlencode({'prompt': PROMPT, 'max_tokens': args.max_tokens, 'autorun': 1})}"
+        dom = chromium("--dump-dom", page).stdout
+        drafted = re.findall(r'<span class="draft">', dom)
+        produced = re.findall(r'<span class="target">', dom)
+        acceptance = re.search(r'id="s_acceptance">([^<]*)<', dom)
+        checks = {"tokens from accepted drafts shown": len(drafted) > 0,
+                  "tokens from the target shown": len(produced) > 0,
+                  "stream ended with [DONE]": 'data-done="true"' in dom,
+                  "acceptance figure filled in": bool(acceptance and re.fullmatch(r"[01]\.\d\d", acceptance[1]))}
+        for name, ok in checks.items():
+            print(f"{'ok  ' if ok else 'FAIL'} {name}")
+        print(f"{len(drafted)} tokens from drafts, {len(produced)} from the target, acceptance "
+              f"{acceptance[1] if acceptance else '?'}")
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        chromium(f"--screenshot={out.resolve()}", page)
+        if not out.exists():
+            print("no screenshot written", file=sys.stderr)
+            return 1
+        print(f"screenshot: {out}")
+        return 0 if all(checks.values()) else 1
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or "chromium"
+
+if __name__ == "__main__":
+    sys.exit(main())
