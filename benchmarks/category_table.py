@@ -2,6 +2,8 @@
 
     python benchmarks/category_table.py benchmarks/results/spec_bench_final/results.json
     python benchmarks/category_table.py RESULTS --stats     # cells: speedup, acceptance, mean accepted, tok/s
+    python benchmarks/category_table.py BEFORE AFTER --labels before,after --methods plain,prompt-lookup
+                                                            # one table, a row per (run, method)
 
 Cells are medians over repeats (the report's own summary figures); the `mean` column is the mean over
 categories of the per-category speedup, as in the report's summary.
@@ -17,15 +19,16 @@ def _median(value):
     return value.get("median") if isinstance(value, dict) else value
 
 
-def table(results: dict, stats: bool = False) -> str:
+def table(results: dict, stats: bool = False, methods: list[str] | None = None, label: str = "",
+          header: bool = True) -> str:
     summary = results["summary"]
     categories = [c for c in summary["categories"]]
     rows = {(r["method"], r["category"]): r for r in summary["rows"]}
-    methods = [m for m in summary["methods"]]
-    header = ["method"] + categories + ["mean"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    methods = [m for m in summary["methods"] if methods is None or m in methods]
+    names = ["method"] + categories + ["mean"]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)] if header else []
     for method in methods:
-        cells = [method]
+        cells = [f"{method} ({label})" if label else method]
         for category in categories + ["mean"]:
             row = rows.get((method, category))
             speedup = _median(row["speedup_vs_plain"]) if row else None
@@ -45,11 +48,18 @@ def table(results: dict, stats: bool = False) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", help="results.json written by genspec bench")
+    parser.add_argument("results", nargs="+", help="results.json written by genspec bench (several: one table)")
     parser.add_argument("--stats", action="store_true",
                         help="add acceptance rate / mean accepted length and tokens/s to each cell")
+    parser.add_argument("--labels", help="comma-separated, one per results file (rows read 'method (label)')")
+    parser.add_argument("--methods", help="comma-separated methods to show (default: all)")
     args = parser.parse_args()
-    print(table(json.loads(Path(args.results).read_text()), args.stats))
+    labels = args.labels.split(",") if args.labels else [""] * len(args.results)
+    if len(labels) != len(args.results):
+        parser.error("--labels needs one label per results file")
+    methods = args.methods.split(",") if args.methods else None
+    print("\n".join(table(json.loads(Path(path).read_text()), args.stats, methods, label, header=i == 0)
+                    for i, (path, label) in enumerate(zip(args.results, labels))))
     return 0
 
 
