@@ -357,3 +357,32 @@ def test_a_port_in_use_is_a_one_line_error(tiny_model_dir):
     assert result.returncode == 2
     assert f"genspec: error: cannot serve on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_drain_past_its_grace_cancels_what_is_in_flight_and_stops_the_loop(tiny_model_dir):
+    """The worker's drain (what SIGTERM starts): no new submissions; after the grace period the requests
+    still running are cancelled, their handlers hear it, and the engine loop returns."""
+    from genspec.engine import GenerationConfig
+    from genspec.serve.worker import EngineWorker, ShuttingDown
+
+    target = genspec.load_model(str(tiny_model_dir))
+    worker = EngineWorker(SpeculativeEngine(target, PromptLookupDrafter(), max_batch_size=2), max_queue=4)
+    heard, done = [], threading.Event()
+
+    def listener(request_id, step):
+        heard.append(step)
+        if step.finish_reason is not None:
+            done.set()
+
+    worker.start()
+    prompt = target.tokenizer(PROMPT)["input_ids"]
+    worker.submit([prompt], [GenerationConfig(max_new_tokens=200, temperature=0, drafter="none")], [0],
+                  listener).result(timeout=30)
+    while not heard:
+        time.sleep(0.01)
+    worker.drain(grace_s=0.0)
+    assert done.wait(5) and heard[-1].finish_reason == "cancelled"
+    assert sum(len(step.new_tokens) for step in heard) < 200
+    assert not worker.thread_alive
+    with pytest.raises(ShuttingDown):
+        worker.submit([prompt], [GenerationConfig(max_new_tokens=4)], [0], listener)

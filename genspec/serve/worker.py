@@ -76,6 +76,11 @@ class EngineWorker:
         return self.engine.num_running
 
     @property
+    def thread_alive(self) -> bool:
+        """Whether the thread :meth:`start` started is still stepping the engine."""
+        return self._thread.is_alive()
+
+    @property
     def accepting(self) -> bool:
         return self._accepting
 
@@ -114,7 +119,7 @@ class EngineWorker:
         """:meth:`begin_drain`, then wait for the thread :meth:`start` started to finish."""
         self.begin_drain(grace_s)
         self._wake.set()
-        if self._thread.is_alive():
+        if self.thread_alive:
             self._thread.join(timeout=grace_s + 30)
 
     def _free_slots(self) -> int:
