@@ -41,6 +41,14 @@ def add_parser(subparsers) -> None:
                        help="skip measuring verify costs by batch size at start (about 15 s on the embedded model at "
                             "--max-batch-size 8, 27 s at 16); "
                             "the draft-length plan then learns them from traffic")
+    serve.add_argument("--backend", choices=["local", "ray"], default="local",
+                       help="local: one process; ray: replicas behind Ray Serve (needs genspec[ray])")
+    serve.add_argument("--replicas", default="1", metavar="N|auto",
+                       help="--backend ray: replicas, or auto (autoscale between --min-replicas and --max-replicas)")
+    serve.add_argument("--min-replicas", type=int, default=1, metavar="N")
+    serve.add_argument("--max-replicas", type=int, default=2, metavar="N")
+    serve.add_argument("--address", metavar="HOST:PORT",
+                       help="--backend ray: join this Ray cluster (default: start a local one)")
     serve.set_defaults(func=run_serve)
 
 
@@ -60,10 +68,13 @@ def run_serve(args) -> int:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
     if args.max_batch_size < 1 or args.max_queue < 0 or args.grace_period < 0:
         raise ConfigError("--max-batch-size must be >= 1, --max-queue and --grace-period >= 0")
+    options = dict(parse_option(o) for o in args.drafter_option)
+    name = args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m")
+    if args.backend == "ray":
+        return _run_ray(args, name, options)
     import genspec
     from genspec.serve.app import create_app, run_server
 
-    options = dict(parse_option(o) for o in args.drafter_option)
     engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
                           extra_drafters=extra_drafters(args.extra_drafter), max_batch_size=args.max_batch_size,
                           **options)
@@ -76,7 +87,30 @@ def run_serve(args) -> int:
             batches = sorted({1, 2, 4, 8, 16, args.max_batch_size} & set(range(1, args.max_batch_size + 1)))
             measure_verify_costs(engine.target, engine.costs, batches=batches,
                                  progress=lambda text: status.update(text))
-    name = args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m")
     app = create_app(engine, name, max_queue=args.max_queue, grace_s=args.grace_period, engine_thread=False)
     run_server(app, args.host, args.port, args.grace_period)
     return 0
+
+
+def _run_ray(args, name: str, options: dict) -> int:
+    from genspec.serve.ray_backend import require_ray, run_ray
+
+    if args.replicas == "auto":
+        replicas = None
+        if not 1 <= args.min_replicas <= args.max_replicas:
+            raise ConfigError("--min-replicas and --max-replicas need 1 <= min <= max")
+    else:
+        try:
+            replicas = int(args.replicas)
+        except ValueError:
+            raise ConfigError(f"--replicas takes a number or auto, got {args.replicas!r}") from None
+        if replicas < 1:
+            raise ConfigError("--replicas must be >= 1")
+    require_ray()
+    settings = {"model": args.model, "drafter": args.drafter, "draft_model": args.draft_model, "dtype": args.dtype,
+                "extra_drafters": extra_drafters(args.extra_drafter), "drafter_options": options,
+                "max_batch_size": args.max_batch_size, "max_queue": args.max_queue, "grace_s": args.grace_period,
+                "name": name, "measure_costs": not args.no_cost_measurement}
+    run_ray(settings, args.host, args.port, replicas, args.min_replicas, args.max_replicas, args.address)
+    return 0
+

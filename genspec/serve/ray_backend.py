@@ -1,0 +1,111 @@
+"""``genspec serve --backend ray``: the same OpenAI app as a Ray Serve deployment.
+
+Each replica is a Ray actor holding one genspec engine with its own continuous batch and the app of
+:func:`genspec.serve.app.create_app` (built in the replica, after the engine, through Ray Serve's
+deferred ingress); Serve's proxy routes requests between replicas. ``--address`` joins a running Ray
+cluster (``ray start --head`` on one machine, ``ray start --address HEAD:6379`` on the others);
+without it a local Ray instance is started and stopped with the server.
+
+Threads: each replica asks Ray for ``threads`` CPUs and sets PyTorch to that many threads, so that Ray
+never places more replicas on a node than its cores allow and replicas do not fight for cores
+(:func:`threads_per_replica`: the node's cores divided by the most replicas it may hold, at least 1).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from genspec.errors import ConfigError
+
+
+def require_ray():
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("--backend ray needs Ray Serve: pip install 'genspec[ray]'") from exc
+
+
+def threads_per_replica(cores: int, replicas: int) -> int:
+    """PyTorch threads (and Ray CPUs) per replica when up to ``replicas`` share ``cores`` cores."""
+    return max(1, cores // max(1, replicas))
+
+
+def replica_class():
+    """The Ray Serve deployment class (defined on demand: Ray is an optional extra)."""
+    from ray import serve
+
+    @serve.ingress()
+    class GenspecReplica:
+        """One engine and its OpenAI app, in one Ray actor."""
+
+        def __init__(self, settings: dict):
+            import torch
+
+            import genspec
+            from genspec.calibration import measure_verify_costs
+
+            torch.set_num_threads(settings["threads"])
+            self.settings = settings
+            self.engine = genspec.load(settings["model"], drafter=settings["drafter"],
+                                       draft_model=settings["draft_model"], dtype=settings["dtype"],
+                                       extra_drafters=settings["extra_drafters"],
+                                       max_batch_size=settings["max_batch_size"], **settings["drafter_options"])
+            if settings["measure_costs"]:
+                batch = settings["max_batch_size"]
+                measure_verify_costs(self.engine.target, self.engine.costs,
+                                     batches=sorted({1, 2, 4, 8, 16, batch} & set(range(1, batch + 1))))
+
+        def __serve_build_asgi_app__(self):
+            from genspec.serve.app import create_app
+
+            return create_app(self.engine, self.settings["name"], max_queue=self.settings["max_queue"],
+                              grace_s=self.settings["grace_s"], engine_thread=True)
+
+    return GenspecReplica
+
+
+def deployment(settings: dict, replicas: int | None, min_replicas: int = 1, max_replicas: int = 2,
+               cores: int | None = None):
+    """The bound Ray Serve application: ``replicas`` fixed replicas, or (``replicas=None``) autoscaling
+    between ``min_replicas`` and ``max_replicas`` on ongoing requests per replica."""
+    from ray import serve
+
+    cores = cores or os.cpu_count() or 1
+    most = replicas if replicas is not None else max_replicas
+    threads = threads_per_replica(cores, most)
+    options = {"ray_actor_options": {"num_cpus": threads},
+               "max_ongoing_requests": settings["max_batch_size"] + settings["max_queue"]}
+    if replicas is not None:
+        options["num_replicas"] = replicas
+    else:
+        options["autoscaling_config"] = {"min_replicas": min_replicas, "max_replicas": max_replicas,
+                                         "target_ongoing_requests": settings["max_batch_size"]}
+    return serve.deployment(replica_class(), name="genspec", **options).bind({**settings, "threads": threads})
+
+
+def run_ray(settings: dict, host: str, port: int, replicas: int | None, min_replicas: int, max_replicas: int,
+            address: str | None) -> None:
+    """Start (or join) Ray, deploy, and serve until SIGTERM / SIGINT; then shut the deployment down
+    (and the local Ray instance, if this started it)."""
+    require_ray()
+    import ray
+    from ray import serve
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=False,
+             **({} if address else {"num_cpus": os.cpu_count()}))
+    stop = threading.Event()
+    previous = {}
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(deployment(settings, replicas, min_replicas, max_replicas), name="genspec", route_prefix="/")
+        # installed after Ray's own start-up, which sets handlers that exit with the signal's number
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        while not stop.wait(1.0):  # a timed wait, so the handler always gets to run
+            pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,75 @@
+"""``genspec serve --backend ray``: the OpenAI app behind Ray Serve, on a local Ray instance the test
+starts (loopback, 2 replicas of a tiny model, stopped at the end). Skipped without the ``ray`` extra."""
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+from genspec.cli import main
+from genspec.serve.ray_backend import threads_per_replica
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_threads_per_replica_share_the_cores():
+    assert threads_per_replica(2, 2) == 1
+    assert threads_per_replica(8, 3) == 2
+    assert threads_per_replica(2, 4) == 1  # never 0
+    assert threads_per_replica(16, 1) == 16
+
+
+def test_without_ray_the_flag_names_the_extra(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    assert main(["serve", "--backend", "ray", "--replicas", "2"]) == 2
+    assert "pip install 'genspec[ray]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, fragment", [(["--replicas", "0"], "--replicas must be >= 1"),
+                                            (["--replicas", "two"], "number or auto"),
+                                            (["--replicas", "auto", "--min-replicas", "3", "--max-replicas", "2"],
+                                             "min <= max")])
+def test_bad_replica_settings(flags, fragment, capsys):
+    assert main(["serve", "--backend", "ray", *flags]) == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_two_replicas_serve_completions_and_streams(tiny_model_dir):
+    """Smoke test (about 30 s): two replicas behind Ray Serve's proxy on loopback answer completions and
+    streams through the openai client, greedy output equal to the engine's own."""
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    import openai
+
+    import genspec
+    from genspec.serve.ray_backend import deployment
+
+    port = _free_port()
+    settings = {"model": str(tiny_model_dir), "drafter": "prompt-lookup", "draft_model": None, "dtype": "float32",
+                "extra_drafters": {}, "drafter_options": {}, "max_batch_size": 4, "max_queue": 8, "grace_s": 5.0,
+                "name": "tiny", "measure_costs": False}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(deployment(settings, replicas=2, cores=2), name="genspec", route_prefix="/")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+        prompt = "abc abc abc abd abc"
+        expected = genspec.load(str(tiny_model_dir), drafter="none").generate(prompt, max_new_tokens=24)[0].text
+        for _ in range(4):  # several requests, whichever replica takes each
+            completion = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+            assert completion.choices[0].text == expected
+        chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0,
+                                                stream=True))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=4,
+                                      extra_body={"speculative": {"drafter": "no-such-drafter"}})
+    finally:
+        serve.shutdown()
+        ray.shutdown()
