@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 
 import pytest
 
@@ -41,7 +42,8 @@ def test_bad_replica_settings(flags, fragment, capsys):
 
 def test_two_replicas_serve_completions_and_streams(tiny_model_dir):
     """Smoke test (about 30 s): two replicas behind Ray Serve's proxy on loopback answer completions and
-    streams through the openai client, greedy output equal to the engine's own."""
+    streams through the openai client, greedy output equal to the engine's own; killing one replica's
+    process leaves the service answering."""
     ray = pytest.importorskip("ray")
     from ray import serve
 
@@ -70,6 +72,21 @@ def test_two_replicas_serve_completions_and_streams(tiny_model_dir):
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="tiny", prompt=prompt, max_tokens=4,
                                       extra_body={"speculative": {"drafter": "no-such-drafter"}})
+
+        # one replica's process dies: the service keeps answering and Serve starts a replacement
+        def replicas():
+            return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "SERVE_REPLICA" in a["name"]}
+
+        before = replicas()
+        victim = sorted(before)[0]
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        for _ in range(6):
+            completion = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+            assert completion.choices[0].text == expected
+        deadline = time.time() + 60
+        while not (len(replicas()) == 2 and victim not in replicas()):
+            assert time.time() < deadline, "no replacement replica"
+            time.sleep(0.5)
     finally:
         serve.shutdown()
         ray.shutdown()
