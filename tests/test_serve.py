@@ -386,3 +386,31 @@ def test_a_drain_past_its_grace_cancels_what_is_in_flight_and_stops_the_loop(tin
     assert not worker.thread_alive
     with pytest.raises(ShuttingDown):
         worker.submit([prompt], [GenerationConfig(max_new_tokens=4)], [0], listener)
+
+
+def test_metrics_of_several_servers_merge_into_their_sums():
+    """What the Ray backend's /metrics does with its replicas' expositions: every sample summed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from genspec.engine import RequestStep, RequestStats, StepRecord
+    from genspec.serve.metrics import Metrics, merge_expositions
+
+    replicas = [Metrics(), Metrics()]
+    for metrics, tokens in zip(replicas, (3, 5)):
+        record = StepRecord(requests={1: RequestStep([7] * tokens, tokens, tokens - 1, [True] * (tokens - 1) + [False],
+                                                     None, RequestStats())}, batch_size=1, total_time_s=0.05)
+        metrics.observe_step(record, waiting=1, running=2)
+        metrics.time_to_first_token.observe(0.3)
+    merged = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(merge_expositions(
+                  [m.exposition() for m in replicas]).decode()) for s in family.samples}
+    assert merged[("genspec:generation_tokens_total", ())] == 8
+    assert merged[("genspec:spec_decode_num_draft_tokens_total", ())] == 8
+    assert merged[("genspec:spec_decode_num_accepted_tokens_per_pos_total", (("position", "1"),))] == 2
+    assert merged[("genspec:spec_decode_num_accepted_tokens_per_pos_total", (("position", "4"),))] == 1
+    assert merged[("genspec:num_requests_running", ())] == 4
+    assert merged[("genspec:time_to_first_token_seconds_count", ())] == 2
+    assert merged[("genspec:time_to_first_token_seconds_bucket", (("le", "0.5"),))] == 2
+    assert merged[("genspec:time_to_first_token_seconds_bucket", (("le", "0.25"),))] == 0
+    assert not any(name.endswith("_created") for name, _ in merged)
+

@@ -6,6 +6,7 @@ import socket
 import sys
 import time
 
+import httpx
 import pytest
 
 from genspec.cli import main
@@ -40,6 +41,12 @@ def test_bad_replica_settings(flags, fragment, capsys):
     assert fragment in capsys.readouterr().err
 
 
+def test_a_missing_model_is_a_one_line_error_before_ray_starts(tmp_path, capsys):
+    assert main(["serve", "--backend", "ray", "--model", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "no model at" in err and "Traceback" not in err
+
+
 def test_two_replicas_serve_completions_and_streams(tiny_model_dir):
     """Smoke test (about 30 s): two replicas behind Ray Serve's proxy on loopback answer completions and
     streams through the openai client, greedy output equal to the engine's own; killing one replica's
@@ -72,6 +79,12 @@ def test_two_replicas_serve_completions_and_streams(tiny_model_dir):
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="tiny", prompt=prompt, max_tokens=4,
                                       extra_body={"speculative": {"drafter": "no-such-drafter"}})
+
+        # /metrics (one scrape, landing on one replica) counts the whole service: 5 requests x 24 tokens
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+        assert values["genspec:generation_tokens_total"] == 5 * 24
+        assert values['genspec:request_success_total{finished_reason="length"}'] == 5
 
         # one replica's process dies: the service keeps answering and Serve starts a replacement
         def replicas():

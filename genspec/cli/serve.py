@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from genspec.cli.generate import parse_option
-from genspec.errors import ConfigError
+from genspec.errors import ConfigError, InputFileError
 
 
 def add_parser(subparsers) -> None:
@@ -106,6 +106,8 @@ def _run_ray(args, name: str, options: dict) -> int:
             raise ConfigError(f"--replicas takes a number or auto, got {args.replicas!r}") from None
         if replicas < 1:
             raise ConfigError("--replicas must be >= 1")
+    if args.model and not (Path(args.model) / "config.json").is_file():  # before any replica tries it
+        raise InputFileError(f"no model at {args.model}: expected a directory with config.json and weights")
     require_ray()
     settings = {"model": args.model, "drafter": args.drafter, "draft_model": args.draft_model, "dtype": args.dtype,
                 "extra_drafters": extra_drafters(args.extra_drafter), "drafter_options": options,

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -214,10 +215,12 @@ def _sse(payload) -> str:
 
 
 def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, grace_s: float = 30.0,
-               chat_max_tokens: int = 1024, engine_thread: bool = True) -> FastAPI:
+               chat_max_tokens: int = 1024, engine_thread: bool = True,
+               metrics_body: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
     """The server's FastAPI app over ``engine``. ``engine_thread``: the app steps the engine in a thread
     it starts (to embed the app in your own ASGI server); False: the caller steps it, as
-    :func:`run_server` does in the thread that loaded the model (faster: see there). Measure the
+    :func:`run_server` does in the thread that loaded the model (faster: see there). ``metrics_body``:
+    what ``/metrics`` answers (default: this app's own metrics; the Ray backend merges its replicas'). Measure the
     engine's verify costs first (:func:`genspec.calibration.measure_verify_costs`) to start from this
     machine's costs of batched blocks rather than learn them from traffic."""
     server = _Server(engine, model_name, max_queue, grace_s, chat_max_tokens)
@@ -262,7 +265,8 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
 
     @app.get("/metrics")
     async def metrics():
-        return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        body = await metrics_body() if metrics_body is not None else server.metrics.exposition()
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models():

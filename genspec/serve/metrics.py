@@ -70,3 +70,33 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merge_expositions(texts: list[bytes]) -> bytes:
+    """Several servers' ``/metrics`` bodies as one (the Ray backend's replicas): each sample summed over
+    them (counters, histogram buckets, sums and counts; the gauges of requests running and waiting
+    become the service's totals); ``_created`` timestamps are dropped, since they do not add up."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, tuple[str, str, dict]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text.decode()):
+            _, _, samples = families.setdefault(family.name, (family.type, family.documentation, {}))
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                samples[key] = samples.get(key, 0.0) + sample.value
+    lines = []
+    for name, (kind, documentation, samples) in families.items():
+        lines += [f"# HELP {name} {_escape(documentation, quote=False)}", f"# TYPE {name} {kind}"]
+        for (sample_name, labels), value in samples.items():
+            text = ",".join(f'{key}="{_escape(label)}"' for key, label in labels)
+            lines.append(f"{sample_name}{{{text}}} {value!r}" if labels else f"{sample_name} {value!r}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _escape(text: str, quote: bool = True) -> str:
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace('"', '\\"') if quote else text
+

@@ -16,7 +16,11 @@ import os
 import signal
 import threading
 
-from genspec.errors import ConfigError
+from genspec.errors import ConfigError, GenspecError
+
+
+#: the name of the Ray Serve application and of its one deployment
+DEPLOYMENT = "genspec"
 
 
 def require_ray():
@@ -60,8 +64,22 @@ def replica_class():
         def __serve_build_asgi_app__(self):
             from genspec.serve.app import create_app
 
-            return create_app(self.engine, self.settings["name"], max_queue=self.settings["max_queue"],
-                              grace_s=self.settings["grace_s"], engine_thread=True)
+            self.http_app = create_app(self.engine, self.settings["name"], max_queue=self.settings["max_queue"],
+                                       grace_s=self.settings["grace_s"], engine_thread=True,
+                                       metrics_body=self.service_metrics)
+            return self.http_app
+
+        def replica_metrics(self) -> bytes:
+            """This replica's own ``/metrics`` body (called on every replica by :meth:`service_metrics`)."""
+            return self.http_app.state.server.metrics.exposition()
+
+        async def service_metrics(self) -> bytes:
+            """``/metrics`` of the whole service: every live replica's, summed (a scrape lands on one
+            replica, which asks all of them)."""
+            from genspec.serve.metrics import merge_expositions
+
+            handle = serve.get_deployment_handle(DEPLOYMENT, app_name=DEPLOYMENT)
+            return merge_expositions(await handle.broadcast("replica_metrics").results_async())
 
     return GenspecReplica
 
@@ -82,7 +100,7 @@ def deployment(settings: dict, replicas: int | None, min_replicas: int = 1, max_
     else:
         options["autoscaling_config"] = {"min_replicas": min_replicas, "max_replicas": max_replicas,
                                          "target_ongoing_requests": settings["max_batch_size"]}
-    return serve.deployment(replica_class(), name="genspec", **options).bind({**settings, "threads": threads})
+    return serve.deployment(replica_class(), name=DEPLOYMENT, **options).bind({**settings, "threads": threads})
 
 
 def run_ray(settings: dict, host: str, port: int, replicas: int | None, min_replicas: int, max_replicas: int,
@@ -99,7 +117,11 @@ def run_ray(settings: dict, host: str, port: int, replicas: int | None, min_repl
     previous = {}
     try:
         serve.start(http_options={"host": host, "port": port})
-        serve.run(deployment(settings, replicas, min_replicas, max_replicas), name="genspec", route_prefix="/")
+        try:
+            serve.run(deployment(settings, replicas, min_replicas, max_replicas), name=DEPLOYMENT, route_prefix="/")
+        except RuntimeError as exc:  # a replica failed to start: Serve has its traceback in the logs
+            raise GenspecError(f"the Ray Serve deployment failed ({str(exc).splitlines()[0]}); the replicas' "
+                               "errors are in the Ray session's logs/serve/ directory") from exc
         # installed after Ray's own start-up, which sets handlers that exit with the signal's number
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         while not stop.wait(1.0):  # a timed wait, so the handler always gets to run
