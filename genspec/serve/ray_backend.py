@@ -103,6 +103,29 @@ def deployment(settings: dict, replicas: int | None, min_replicas: int = 1, max_
     return serve.deployment(replica_class(), name=DEPLOYMENT, **options).bind({**settings, "threads": threads})
 
 
+def app_builder(args: dict):
+    """The Ray Serve application for a config file's ``import_path: genspec.serve.ray_backend:app_builder``
+    (``serve run``, ``serve deploy``, KubeRay's ``serveConfigV2``; see ``deploy/rayservice.yaml``). ``args``
+    (strings, as config files give them): model, drafter, replicas (a number or auto), min_replicas,
+    max_replicas, max_batch_size, max_queue, grace_period, served_model_name, cores (CPUs per worker
+    machine, for threads per replica), measure_costs (true / false)."""
+    args = {key: str(value) for key, value in (args or {}).items()}
+    known = {"model", "drafter", "replicas", "min_replicas", "max_replicas", "max_batch_size", "max_queue",
+             "grace_period", "served_model_name", "cores", "measure_costs"}
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise ConfigError(f"unknown genspec application args {unknown}; known: {sorted(known)}")
+    replicas = None if args.get("replicas", "1") == "auto" else int(args.get("replicas", "1"))
+    settings = {"model": args.get("model"), "drafter": args.get("drafter", "prompt-lookup"), "draft_model": None,
+                "dtype": "float32", "extra_drafters": {}, "drafter_options": {},
+                "max_batch_size": int(args.get("max_batch_size", "8")), "max_queue": int(args.get("max_queue", "64")),
+                "grace_s": float(args.get("grace_period", "30")),
+                "name": args.get("served_model_name", "gemma-3-270m"),
+                "measure_costs": args.get("measure_costs", "true").lower() == "true"}
+    return deployment(settings, replicas, int(args.get("min_replicas", "1")), int(args.get("max_replicas", "2")),
+                      cores=int(args["cores"]) if "cores" in args else None)
+
+
 def run_ray(settings: dict, host: str, port: int, replicas: int | None, min_replicas: int, max_replicas: int,
             address: str | None) -> None:
     """Start (or join) Ray, deploy, and serve until SIGTERM / SIGINT; then shut the deployment down
