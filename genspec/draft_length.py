@@ -56,8 +56,9 @@ class CostModel:
     widths, and beyond them the least-squares slope of that batch size's measurements; a batch size with
     fewer than two widths measured borrows the relative curve of the nearest one that has them, and
     the growth prior (each extra token costs ``growth_prior`` of a one-token step) stands in until
-    there is none. Shapes differ much: on this CPU an extra token costs about 10 ms at one row but 4.8
-    ms at four (55 / 141 ms for 1 / 9 tokens at one row, 67 / 219 ms at four; a 300-token context).
+    there is none. Shapes differ much: on this CPU an extra token costs about 10 ms at one row but 4.2
+    ms at four (58 / 137 ms for widths 1 / 9 at one row, 71 / 206 ms at four rows after 256 tokens;
+    ``python benchmarks/switch_point.py``).
     ``genspec serve`` measures a grid of shapes at start (:func:`genspec.calibration.measure_verify_costs`)."""
 
     def __init__(self, decay: float = 0.8, growth_prior: float = 0.1):
