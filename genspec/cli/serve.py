@@ -38,9 +38,8 @@ def add_parser(subparsers) -> None:
                        help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     serve.add_argument("--no-cost-measurement", action="store_true",
-                       help="skip measuring verify costs by batch size at start (about 15 s on the embedded model at "
-                            "--max-batch-size 8, 27 s at 16); "
-                            "the draft-length plan then learns them from traffic")
+                       help="skip measuring verify costs by batch size at start (tens of seconds on the embedded "
+                            "model); the draft-length plan then learns them from traffic")
     serve.add_argument("--backend", choices=["local", "ray"], default="local",
                        help="local: one process; ray: replicas behind Ray Serve (needs genspec[ray])")
     serve.add_argument("--replicas", default="1", metavar="N|auto",
@@ -68,31 +67,27 @@ def run_serve(args) -> int:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
     if args.max_batch_size < 1 or args.max_queue < 0 or args.grace_period < 0:
         raise ConfigError("--max-batch-size must be >= 1, --max-queue and --grace-period >= 0")
-    options = dict(parse_option(o) for o in args.drafter_option)
-    name = args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m")
+    settings = {"model": args.model, "drafter": args.drafter, "draft_model": args.draft_model, "dtype": args.dtype,
+                "extra_drafters": extra_drafters(args.extra_drafter),
+                "drafter_options": dict(parse_option(o) for o in args.drafter_option),
+                "max_batch_size": args.max_batch_size, "max_queue": args.max_queue, "grace_s": args.grace_period,
+                "name": args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m"),
+                "measure_costs": not args.no_cost_measurement}
     if args.backend == "ray":
-        return _run_ray(args, name, options)
-    import genspec
-    from genspec.serve.app import create_app, run_server
+        return _run_ray(args, settings)
+    from rich.console import Console
 
-    engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
-                          extra_drafters=extra_drafters(args.extra_drafter), max_batch_size=args.max_batch_size,
-                          **options)
-    if not args.no_cost_measurement:
-        from rich.console import Console
+    from genspec.serve.app import create_app, load_engine, run_server
 
-        from genspec.calibration import measure_verify_costs
-
-        with Console(stderr=True).status("measuring verify costs by batch size") as status:
-            batches = sorted({1, 2, 4, 8, 16, args.max_batch_size} & set(range(1, args.max_batch_size + 1)))
-            measure_verify_costs(engine.target, engine.costs, batches=batches,
-                                 progress=lambda text: status.update(text))
-    app = create_app(engine, name, max_queue=args.max_queue, grace_s=args.grace_period, engine_thread=False)
+    with Console(stderr=True).status("loading the model") as status:
+        engine = load_engine(settings, progress=lambda text: status.update(text))
+    app = create_app(engine, settings["name"], max_queue=args.max_queue, grace_s=args.grace_period,
+                     engine_thread=False)
     run_server(app, args.host, args.port, args.grace_period)
     return 0
 
 
-def _run_ray(args, name: str, options: dict) -> int:
+def _run_ray(args, settings: dict) -> int:
     from genspec.serve.ray_backend import require_ray, run_ray
 
     if args.replicas == "auto":
@@ -109,10 +104,5 @@ def _run_ray(args, name: str, options: dict) -> int:
     if args.model and not (Path(args.model) / "config.json").is_file():  # before any replica tries it
         raise InputFileError(f"no model at {args.model}: expected a directory with config.json and weights")
     require_ray()
-    settings = {"model": args.model, "drafter": args.drafter, "draft_model": args.draft_model, "dtype": args.dtype,
-                "extra_drafters": extra_drafters(args.extra_drafter), "drafter_options": options,
-                "max_batch_size": args.max_batch_size, "max_queue": args.max_queue, "grace_s": args.grace_period,
-                "name": name, "measure_costs": not args.no_cost_measurement}
     run_ray(settings, args.host, args.port, replicas, args.min_replicas, args.max_replicas, args.address)
     return 0
-

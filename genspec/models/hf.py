@@ -373,8 +373,8 @@ class HFCausalLM(CausalLM):
             return self.head(hidden)
         if bool(valid.all()):
             return self.head(hidden)
-        # the head only where a token is real: with a 262k vocabulary it is most of a token's cost
-        # (about 3.4 of 5 ms per verified token on the embedded model), and padding is never read
+        # the head only where a token is real: with a 262k vocabulary it is a large share of a verified
+        # token's cost (models/head.py has the kernel timings), and padding is never read
         logits = hidden.new_zeros(*hidden.shape[:-1], self.vocab_size)
         logits[valid] = self.head(hidden[valid]).to(logits.dtype)
         return logits

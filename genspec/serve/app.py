@@ -214,6 +214,23 @@ def _sse(payload) -> str:
     return f"data: {json.dumps(payload) if not isinstance(payload, str) else payload}\n\n"
 
 
+def load_engine(settings: dict, progress: Callable[[str], None] | None = None) -> SpeculativeEngine:
+    """The engine a server runs, from its settings (model, drafter, drafter_options, extra_drafters,
+    draft_model, dtype, max_batch_size, measure_costs): loaded, and with ``measure_costs`` its verify
+    costs measured for batch sizes up to ``max_batch_size`` (``progress`` sees what is being measured)."""
+    import genspec
+    from genspec.calibration import measure_verify_costs
+
+    engine = genspec.load(settings["model"], drafter=settings["drafter"], draft_model=settings["draft_model"],
+                          dtype=settings["dtype"], extra_drafters=settings["extra_drafters"],
+                          max_batch_size=settings["max_batch_size"], **settings["drafter_options"])
+    if settings["measure_costs"]:
+        most = settings["max_batch_size"]
+        batches = sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1)))
+        measure_verify_costs(engine.target, engine.costs, batches=batches, progress=progress)
+    return engine
+
+
 def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, grace_s: float = 30.0,
                chat_max_tokens: int = 1024, engine_thread: bool = True,
                metrics_body: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:

@@ -47,19 +47,11 @@ def replica_class():
         def __init__(self, settings: dict):
             import torch
 
-            import genspec
-            from genspec.calibration import measure_verify_costs
+            from genspec.serve.app import load_engine
 
             torch.set_num_threads(settings["threads"])
             self.settings = settings
-            self.engine = genspec.load(settings["model"], drafter=settings["drafter"],
-                                       draft_model=settings["draft_model"], dtype=settings["dtype"],
-                                       extra_drafters=settings["extra_drafters"],
-                                       max_batch_size=settings["max_batch_size"], **settings["drafter_options"])
-            if settings["measure_costs"]:
-                batch = settings["max_batch_size"]
-                measure_verify_costs(self.engine.target, self.engine.costs,
-                                     batches=sorted({1, 2, 4, 8, 16, batch} & set(range(1, batch + 1))))
+            self.engine = load_engine(settings)
 
         def __serve_build_asgi_app__(self):
             from genspec.serve.app import create_app
