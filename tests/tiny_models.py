@@ -4,13 +4,14 @@ from __future__ import annotations
 import torch
 
 
-def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, hidden: int = 64, dtype=torch.float64):
+def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, hidden: int = 64, dtype=torch.float64,
+               context: int = 256):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=1,
+                         max_position_embeddings=context, tie_word_embeddings=False, bos_token_id=1,
                          eos_token_id=2, pad_token_id=0)
     return LlamaForCausalLM(config).to(dtype).eval()
 
@@ -70,10 +71,10 @@ def byte_tokenizer():
                                    eos_token="<eos>")
 
 
-def save_tiny_model(directory, seed: int = 0, layers: int = 2, dtype=torch.float32):
+def save_tiny_model(directory, seed: int = 0, layers: int = 2, dtype=torch.float32, context: int = 256):
     """Save a tiny Llama with the byte tokenizer to ``directory`` (loadable with from_pretrained)."""
     tokenizer = byte_tokenizer()
-    model = tiny_llama(seed, vocab=len(tokenizer), layers=layers, dtype=dtype)
+    model = tiny_llama(seed, vocab=len(tokenizer), layers=layers, dtype=dtype, context=context)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -132,7 +132,10 @@ class _Server:
         queue: asyncio.Queue = asyncio.Queue()
 
         def listener(request_id: int, step: RequestStep) -> None:  # the engine's thread
-            loop.call_soon_threadsafe(queue.put_nowait, (request_id, step))
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (request_id, step))
+            except RuntimeError:  # the loop is closed (an embedding app stopped it): nobody is listening
+                pass
 
         try:
             future = self.worker.submit(prompts, configs, sample_indices, listener)
@@ -232,12 +235,10 @@ def load_engine(settings: dict, progress: Callable[[str], None] | None = None) -
 
 
 def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, grace_s: float = 30.0,
-               chat_max_tokens: int = 1024, engine_thread: bool = True,
-               metrics_body: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
+               chat_max_tokens: int = 1024, engine_thread: bool = True) -> FastAPI:
     """The server's FastAPI app over ``engine``. ``engine_thread``: the app steps the engine in a thread
     it starts (to embed the app in your own ASGI server); False: the caller steps it, as
-    :func:`run_server` does in the thread that loaded the model (faster: see there). ``metrics_body``:
-    what ``/metrics`` answers (default: this app's own metrics; the Ray backend merges its replicas'). Measure the
+    :func:`run_server` does in the thread that loaded the model (faster: see there). Measure the
     engine's verify costs first (:func:`genspec.calibration.measure_verify_costs`) to start from this
     machine's costs of batched blocks rather than learn them from traffic."""
     server = _Server(engine, model_name, max_queue, grace_s, chat_max_tokens)
@@ -282,8 +283,7 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
 
     @app.get("/metrics")
     async def metrics():
-        body = await metrics_body() if metrics_body is not None else server.metrics.exposition()
-        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models():

@@ -1,26 +1,42 @@
-"""``genspec serve --backend ray``: the same OpenAI app as a Ray Serve deployment.
+"""``genspec serve --backend ray``: the same OpenAI app, its engines as Ray Serve replicas.
 
-Each replica is a Ray actor holding one genspec engine with its own continuous batch and the app of
-:func:`genspec.serve.app.create_app` (built in the replica, after the engine, through Ray Serve's
-deferred ingress); Serve's proxy routes requests between replicas. ``--address`` joins a running Ray
-cluster (``ray start --head`` on one machine, ``ray start --address HEAD:6379`` on the others);
-without it a local Ray instance is started and stopped with the server.
+Two deployments in one Serve application:
 
-Threads: each replica asks Ray for ``threads`` CPUs and sets PyTorch to that many threads, so that Ray
-never places more replicas on a node than its cores allow and replicas do not fight for cores
+- ``genspec-engine`` replicas: each a Ray actor with one genspec engine (its own continuous batch) and
+  the app of :func:`genspec.serve.app.create_app`. One thread of the replica loads the model and then
+  steps the engine, so that one thread does all the torch work (why: :func:`genspec.serve.app.run_server`).
+- ``genspec``, the ingress: a thin router that passes each HTTP request as it came to an engine replica
+  (chosen by Serve: the less busy of two) and streams the replica's response back as it comes. It is what
+  makes a replica's death a clear error: Serve's own proxy cuts a stream off mid-body when the replica
+  behind it dies (the client sees an incomplete chunked read), while the router ends it with an OpenAI
+  error event (``code: replica_failed``, as the app ends a stream whose generation failed), or answers
+  503 with that error body if nothing was sent yet. Only the dead replica's
+  requests fail; Serve starts a replacement. It also answers ``/metrics`` with every live replica's
+  metrics summed. It holds no model, and asks Ray for no CPU.
+
+``--address`` joins a running Ray cluster (``ray start --head`` on one machine, ``ray start --address
+HEAD:6379`` on the others); without it a local Ray instance is started and stopped with the server.
+
+Threads: each engine replica asks Ray for ``threads`` CPUs and sets PyTorch to that many threads, so that
+Ray never places more replicas on a node than its cores allow and replicas do not fight for cores
 (:func:`threads_per_replica`: the node's cores divided by the most replicas it may hold, at least 1).
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import threading
 
 from genspec.errors import ConfigError, GenspecError
 
-
-#: the name of the Ray Serve application and of its one deployment
+#: the name of the Ray Serve application and of its ingress deployment (the router)
 DEPLOYMENT = "genspec"
+#: the name of the engine replicas' deployment
+ENGINE_DEPLOYMENT = "genspec-engine"
+#: the response header naming the engine replica that served a request (Serve's replica id)
+REPLICA_HEADER = "x-genspec-replica"
 
 
 def require_ray():
@@ -36,44 +52,145 @@ def threads_per_replica(cores: int, replicas: int) -> int:
     return max(1, cores // max(1, replicas))
 
 
-def replica_class():
-    """The Ray Serve deployment class (defined on demand: Ray is an optional extra)."""
+async def asgi_exchange(app, request: dict, extra_headers: list[tuple[bytes, bytes]] = ()):
+    """Run one HTTP request through the ASGI ``app`` in this process; yields the app's
+    ``http.response.start`` and ``http.response.body`` messages as it sends them. ``request``: method,
+    path, query_string, headers (raw pairs), body. Closing the generator early is a client disconnect:
+    the app sees ``http.disconnect`` and its handler is cancelled (a stream frees its engine rows)."""
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": request["method"], "scheme": "http", "path": request["path"],
+             "raw_path": request["path"].encode(), "query_string": request["query_string"], "root_path": "",
+             "headers": list(request["headers"]), "client": None, "server": None}
+    messages: asyncio.Queue = asyncio.Queue()
+    gone = asyncio.Event()
+    body = [request["body"]]
+
+    async def receive():
+        if body:
+            return {"type": "http.request", "body": body.pop(), "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    task = asyncio.ensure_future(app(scope, receive, messages.put))
+    task.add_done_callback(lambda _: messages.put_nowait(None))
+    try:
+        while (message := await messages.get()) is not None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *extra_headers]}
+            yield message
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                break
+        await task  # the app's own exception, if it raised one
+    finally:
+        gone.set()
+        if not task.done():
+            task.cancel()
+
+
+def engine_class():
+    """The engine replicas' class (defined on demand: Ray is an optional extra)."""
     from ray import serve
 
-    @serve.ingress()
-    class GenspecReplica:
+    class GenspecEngine:
         """One engine and its OpenAI app, in one Ray actor."""
 
         def __init__(self, settings: dict):
+            self.settings = settings
+            self.replica = serve.get_replica_context().replica_id.unique_id
+            loaded, failure = threading.Event(), []
+            threading.Thread(target=self._load_and_step, args=(loaded, failure), name="genspec-engine",
+                             daemon=True).start()
+            loaded.wait()
+            if failure:
+                raise failure[0]
+
+        def _load_and_step(self, loaded: threading.Event, failure: list) -> None:
             import torch
 
-            from genspec.serve.app import load_engine
+            from genspec.serve.app import create_app, load_engine
 
-            torch.set_num_threads(settings["threads"])
-            self.settings = settings
-            self.engine = load_engine(settings)
+            try:
+                torch.set_num_threads(self.settings["threads"])
+                engine = load_engine(self.settings)
+                self.app = create_app(engine, self.settings["name"], max_queue=self.settings["max_queue"],
+                                      grace_s=self.settings["grace_s"], engine_thread=False)
+            except BaseException as exc:  # noqa: BLE001 - raised again by __init__, in the actor
+                failure.append(exc)
+                return
+            finally:
+                loaded.set()
+            self.app.state.server.worker.run()
 
-        def __serve_build_asgi_app__(self):
-            from genspec.serve.app import create_app
-
-            self.http_app = create_app(self.engine, self.settings["name"], max_queue=self.settings["max_queue"],
-                                       grace_s=self.settings["grace_s"], engine_thread=True,
-                                       metrics_body=self.service_metrics)
-            return self.http_app
+        async def http(self, request: dict):
+            """One HTTP request through this replica's app (see :func:`asgi_exchange`)."""
+            async for message in asgi_exchange(self.app, request, [(REPLICA_HEADER.encode(), self.replica.encode())]):
+                yield message
 
         def replica_metrics(self) -> bytes:
-            """This replica's own ``/metrics`` body (called on every replica by :meth:`service_metrics`)."""
-            return self.http_app.state.server.metrics.exposition()
+            """This replica's own ``/metrics`` body."""
+            return self.app.state.server.metrics.exposition()
 
-        async def service_metrics(self) -> bytes:
-            """``/metrics`` of the whole service: every live replica's, summed (a scrape lands on one
-            replica, which asks all of them)."""
-            from genspec.serve.metrics import merge_expositions
+        def __del__(self):  # Serve calls it at shutdown, after the replica's requests finished or timed out
+            app = getattr(self, "app", None)  # absent if loading failed
+            if app is not None:
+                app.state.server.worker.begin_drain(0.0)
 
-            handle = serve.get_deployment_handle(DEPLOYMENT, app_name=DEPLOYMENT)
-            return merge_expositions(await handle.broadcast("replica_metrics").results_async())
+    return GenspecEngine
 
-    return GenspecReplica
+
+def router_class():
+    """The ingress deployment's class: passes requests to engine replicas, turns a replica's death into an
+    OpenAI error, answers ``/metrics`` for the whole service."""
+    import ray.exceptions
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+
+    from genspec.serve.metrics import merge_expositions
+    from genspec.serve.protocol import APIError
+
+    replica_failures = ray.exceptions.RayActorError  # ActorDiedError, ActorUnavailableError
+
+    def replica_failed(exc: Exception) -> dict:
+        return APIError(f"the genspec replica serving this request stopped ({type(exc).__name__}); the requests it "
+                        "was running are lost, others are not: retry", status=503, kind="server_error",
+                        code="replica_failed").body()
+
+    class GenspecRouter:
+        def __init__(self, engines):
+            self.engines = engines
+
+        async def __call__(self, request: Request) -> Response:
+            if request.method == "GET" and request.url.path == "/metrics":
+                bodies = await self.engines.broadcast("replica_metrics").results_async()
+                return Response(merge_expositions(bodies), media_type="text/plain; version=0.0.4; charset=utf-8")
+            exchange = {"method": request.method, "path": request.url.path, "query_string": request.url.query.encode(),
+                        "headers": request.headers.raw, "body": await request.body()}
+            stream = self.engines.options(stream=True).http.remote(exchange)
+            try:
+                start = await anext(stream)
+            except replica_failures as exc:
+                return JSONResponse(replica_failed(exc), status_code=503)
+            events = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in start["headers"])
+
+            async def body():
+                done = False
+                try:
+                    async for message in stream:
+                        yield message.get("body", b"")
+                    done = True
+                except replica_failures as exc:
+                    done = True
+                    if events:  # the stream's end, in the form the app itself ends a failed stream
+                        yield f"data: {json.dumps(replica_failed(exc))}\n\n".encode()
+                finally:
+                    if not done:  # the client went away: so does the request, on its replica
+                        stream.cancel()
+
+            response = StreamingResponse(body(), status_code=start["status"])
+            response.raw_headers = list(start["headers"])
+            return response
+
+    return GenspecRouter
 
 
 def deployment(settings: dict, replicas: int | None, min_replicas: int = 1, max_replicas: int = 2,
@@ -85,14 +202,19 @@ def deployment(settings: dict, replicas: int | None, min_replicas: int = 1, max_
     cores = cores or os.cpu_count() or 1
     most = replicas if replicas is not None else max_replicas
     threads = threads_per_replica(cores, most)
-    options = {"ray_actor_options": {"num_cpus": threads},
-               "max_ongoing_requests": settings["max_batch_size"] + settings["max_queue"]}
+    per_replica = settings["max_batch_size"] + settings["max_queue"]  # beyond it, the app answers 429
+    options = {"ray_actor_options": {"num_cpus": threads}, "max_ongoing_requests": per_replica,
+               "graceful_shutdown_timeout_s": settings["grace_s"]}
     if replicas is not None:
         options["num_replicas"] = replicas
     else:
         options["autoscaling_config"] = {"min_replicas": min_replicas, "max_replicas": max_replicas,
                                          "target_ongoing_requests": settings["max_batch_size"]}
-    return serve.deployment(replica_class(), name=DEPLOYMENT, **options).bind({**settings, "threads": threads})
+    engines = serve.deployment(engine_class(), name=ENGINE_DEPLOYMENT, **options).bind({**settings, "threads": threads})
+    router = serve.deployment(router_class(), name=DEPLOYMENT, ray_actor_options={"num_cpus": 0},
+                              max_ongoing_requests=most * per_replica,
+                              graceful_shutdown_timeout_s=settings["grace_s"] + 5)
+    return router.bind(engines)
 
 
 def app_builder(args: dict):
