@@ -1,7 +1,10 @@
 """Load test of ``genspec serve``: speculation on vs off at several concurrency levels, in one run.
 
-Two servers on loopback (127.0.0.1), the same model, one with speculation (the default drafter) and one
-without (``--drafter none``); closed-loop clients (each sends its next request when the last one
+``--backend local`` (default): two servers on loopback (127.0.0.1), the same model, one with speculation
+(the default drafter) and one without (``--drafter none``). ``--backend ray --replicas 1,2``: for each
+replica count in turn, one ``genspec serve --backend ray`` (its own local Ray instance, one at a time:
+two Ray instances would share two cores), speculation turned off per request
+(``"speculative": {"enabled": false}``) for the "off" runs. Closed-loop clients (each sends its next request when the last one
 finished) at each concurrency level, a fixed number of requests per level and server, streaming
 completions of Spec-Bench prompts (the first two of each category, the ones ``genspec bench``
 measures, framed as ``genspec bench`` frames them for a model without a chat template:
@@ -9,8 +12,9 @@ measures, framed as ``genspec bench`` frames them for a model without a chat tem
 ...) so that slow drifts of the machine hit both. The script stops by itself.
 
     python benchmarks/serve_load.py --out benchmarks/results/serve_load
+    python benchmarks/serve_load.py --backend ray --replicas 1,2 --out benchmarks/results/serve_load_ray
 
-Writes results.json (every request's timings), report.md (the table) and throughput.png.
+Writes results.json (every request's timings), report.md (a table per setup) and throughput.png.
 """
 from __future__ import annotations
 
@@ -37,29 +41,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(drafter: str, port: int, args) -> subprocess.Popen:
+def start_server(flags: tuple[str, ...], port: int, args) -> subprocess.Popen:
     command = [sys.executable, "-m", "genspec", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--drafter", drafter, "--max-batch-size", str(args.max_batch_size), "--max-queue", "256"]
+               "--max-batch-size", str(args.max_batch_size), "--max-queue", "256", *flags]
     if args.model:
         command += ["--model", args.model]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 600
     while time.time() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"server ({drafter}) exited: {process.stderr.read()}")
+            raise SystemExit(f"server ({' '.join(flags)}) exited: {process.stderr.read()}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return process
         except httpx.HTTPError:
             time.sleep(1)
     process.kill()
-    raise SystemExit(f"server ({drafter}) did not start in 10 minutes")
+    raise SystemExit(f"server ({' '.join(flags)}) did not start in 10 minutes")
 
 
-def one_request(url: str, prompt: str, max_tokens: int) -> dict:
+def stop_servers(processes) -> None:
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def one_request(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
     """A streaming completion; client-side timings."""
     body = {"prompt": f"Question: {prompt}\nAnswer:", "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **extra}
     started = time.perf_counter()
     first = None
     tokens = 0
@@ -85,7 +99,7 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
             "tpot_s": (end - (first or end)) / (tokens - 1) if tokens > 1 else None}
 
 
-def run_level(url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int) -> dict:
+def run_level(url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, extra: dict) -> dict:
     """``requests`` requests from ``concurrency`` closed-loop clients."""
     lock, results, next_index = threading.Lock(), [], [0]
 
@@ -96,7 +110,7 @@ def run_level(url: str, prompts: list[str], concurrency: int, requests: int, max
                     return
                 index = next_index[0]
                 next_index[0] += 1
-            result = one_request(url, prompts[index % len(prompts)], max_tokens)
+            result = one_request(url, prompts[index % len(prompts)], max_tokens, extra)
             with lock:
                 results.append(result)
 
@@ -133,50 +147,45 @@ def speculation_figures(url: str) -> dict:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="model directory (default: the embedded model)")
-    parser.add_argument("--concurrency", default="1,2,4,8,16")
-    parser.add_argument("--requests", type=int, default=20, help="requests per concurrency level and server")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--max-batch-size", type=int, default=16)
-    parser.add_argument("--out", default="benchmarks/results/serve_load")
-    args = parser.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    prompts = [p.text for p in load_spec_bench(per_category=2)]
+def setups(args) -> list[tuple[str, dict]]:
+    """``(label, {mode: (server flags, extra request fields)})``, measured one after the other."""
+    if args.backend == "local":
+        return [("local", {"on": (("--drafter", "prompt-lookup"), {}), "off": (("--drafter", "none"), {})})]
+    return [(f"ray, {n} replica{'s' if n > 1 else ''}",
+             {mode: (("--backend", "ray", "--replicas", str(n), "--drafter", "prompt-lookup"), extra)
+              for mode, extra in (("on", {}), ("off", {"speculative": {"enabled": False}}))})
+            for n in (int(r) for r in args.replicas.split(","))]
+
+
+def measure(label: str, modes: dict, prompts: list[str], levels: list[int], args) -> dict:
+    """Start the setup's servers, run every level on and off (alternating which goes first), stop them."""
     servers = {}
     try:
-        for mode, drafter in (("on", "prompt-lookup"), ("off", "none")):
+        for flags in dict.fromkeys(flags for flags, _ in modes.values()):
             port = free_port()
-            servers[mode] = (start_server(drafter, port, args), f"http://127.0.0.1:{port}")
-            print(f"server {mode} ({drafter}) on port {port}", flush=True)
-        for mode in servers:  # warm-up, not measured
-            run_level(servers[mode][1], prompts[:1], 1, 1, 16)
+            servers[flags] = (start_server(flags, port, args), f"http://127.0.0.1:{port}")
+            print(f"[{label}] server {' '.join(flags)} on port {port}", flush=True)
+        for flags, extra in modes.values():  # warm-up, not measured
+            run_level(servers[flags][1], prompts[:1], 1, 1, 16, extra)
         results = {"on": [], "off": []}
         for i, level in enumerate(levels):
             for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
-                url = servers[mode][1]
+                flags, extra = modes[mode]
+                url = servers[flags][1]
                 before = speculation_figures(url)
-                result = run_level(url, prompts, level, args.requests, args.max_tokens)
+                result = run_level(url, prompts, level, args.requests, args.max_tokens, extra)
                 after = speculation_figures(url)
                 result["speculation"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
                 results[mode].append(result)
-                print(f"{mode:>3} c={level:<2} {result['tokens_per_s']:6.1f} tok/s  {result['requests_per_s']:.3f} req/s"
-                      f"  ttft p50 {result['ttft_p50_s']:.2f}s  tpot p50 {result['tpot_p50_s'] or 0:.3f}s"
-                      f"  failed {result['failed']}", flush=True)
+                print(f"[{label}] {mode:>3} c={level:<2} {result['tokens_per_s']:6.1f} tok/s  "
+                      f"{result['requests_per_s']:.3f} req/s  ttft p50 {result['ttft_p50_s']:.2f}s  "
+                      f"tpot p50 {result['tpot_p50_s'] or 0:.3f}s  failed {result['failed']}", flush=True)
+        return results
     finally:
-        for process, _ in servers.values():
-            process.send_signal(signal.SIGTERM)
-        for process, _ in servers.values():
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-    machine = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
-    (out / "results.json").write_text(json.dumps({"command": " ".join(sys.argv), "settings": vars(args),
-                                                  "machine": machine, "results": results}, indent=1))
+        stop_servers([process for process, _ in servers.values()])
+
+
+def table(results: dict) -> list[str]:
     lines = ["| concurrency | tok/s off | tok/s on | on / off | req/s off | req/s on | TTFT p50 off / on (s) | "
              "TTFT p99 off / on (s) | TPOT p50 off / on (s) | TPOT p99 off / on (s) | acceptance on | failed |",
              "|" + "---|" * 12]
@@ -189,7 +198,34 @@ def main() -> None:
             f"{off['ttft_p50_s']:.2f} / {on['ttft_p50_s']:.2f} | {off['ttft_p99_s']:.2f} / {on['ttft_p99_s']:.2f} | "
             f"{off['tpot_p50_s']:.3f} / {on['tpot_p50_s']:.3f} | {off['tpot_p99_s']:.3f} / {on['tpot_p99_s']:.3f} | "
             f"{accepted / drafted if drafted else 0:.2f} ({int(drafted)} drafted) | {off['failed'] + on['failed']} |")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="model directory (default: the embedded model)")
+    parser.add_argument("--backend", choices=["local", "ray"], default="local")
+    parser.add_argument("--replicas", default="1,2", help="--backend ray: replica counts, measured in turn")
+    parser.add_argument("--concurrency", default="1,2,4,8,16")
+    parser.add_argument("--requests", type=int, default=20, help="requests per concurrency level, setup and mode")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-batch-size", type=int, default=16)
+    parser.add_argument("--out", default="benchmarks/results/serve_load")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = [p.text for p in load_spec_bench(per_category=2)]
+    started = time.time()
+    results = {label: measure(label, modes, prompts, levels, args) for label, modes in setups(args)}
+    machine = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
+    (out / "results.json").write_text(json.dumps({"command": " ".join(sys.argv), "settings": vars(args),
+                                                  "machine": machine, "wall_s": time.time() - started,
+                                                  "results": results}, indent=1))
+    lines = []
+    for label, result in results.items():
+        lines += ([f"### {label}", ""] if len(results) > 1 or args.backend != "local" else []) + table(result) + [""]
+    (out / "report.md").write_text("\n".join(lines))
     print("\n".join(lines))
     import matplotlib
 
@@ -197,14 +233,16 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    for mode, style in (("off", "o--"), ("on", "o-")):
-        axis.plot([r["concurrency"] for r in results[mode]], [r["tokens_per_s"] for r in results[mode]], style,
-                  label=f"speculation {mode}")
+    for k, (label, result) in enumerate(results.items()):
+        for mode, style in (("off", "--"), ("on", "-")):
+            axis.plot([r["concurrency"] for r in result[mode]], [r["tokens_per_s"] for r in result[mode]],
+                      "o" + style, color=f"C{k}", label=f"{label}: speculation {mode}" if len(results) > 1
+                      else f"speculation {mode}")
     axis.set_xscale("log", base=2)
     axis.set_xlabel("concurrent clients")
     axis.set_ylabel("output tokens / s")
-    axis.set_title("genspec serve: throughput vs concurrency")
-    axis.legend()
+    axis.set_title(f"genspec serve ({args.backend}): throughput vs concurrency")
+    axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(out / "throughput.png", dpi=120)
