@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 
 from genspec.drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
 from genspec.drafters.edit import EditDrafter
+from genspec.drafters.head import HeadDrafter
 from genspec.drafters.hierarchical import HierarchicalDrafter
 from genspec.drafters.lookahead import LookaheadDrafter
 from genspec.drafters.ngram_cache import NGramCacheDrafter
@@ -43,6 +44,7 @@ DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
     "retrieval": RetrievalDrafter.for_target,
     "edit": EditDrafter.for_target,
     "lookahead": LookaheadDrafter.for_target,
+    "head": HeadDrafter.for_target,
 }
 
 

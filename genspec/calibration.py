@@ -177,10 +177,16 @@ def draft_vocabulary(target, size: int, corpus: Iterable[str | Path] = ()) -> di
     if not counts:
         raise InputFileError("the corpus has no text")
     special = [i for i in (target.tokenizer.all_special_ids or []) if i < target.vocab_size]
-    ids = [token for token, _ in counts.most_common(size)]
-    ids = sorted(set(ids) | set(special))
-    covered = sum(counts[i] for i in ids) / sum(counts.values())
+    ids, covered = most_frequent_tokens(counts, size, special)
     return {"token_ids": ids, "source": source, "coverage": covered}
+
+
+def most_frequent_tokens(counts: Counter, size: int, always: Iterable[int] = ()) -> tuple[list[int], float]:
+    """The ``size`` most frequent ids of ``counts`` (ties by id) plus ``always``, sorted, and the fraction
+    of the counted tokens they cover (a truncated draft vocabulary)."""
+    chosen = [t for t, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:size]]
+    ids = sorted(set(chosen) | set(always))
+    return ids, sum(counts[i] for i in ids) / max(1, sum(counts.values()))
 
 
 # ---------------------------------------------------------------- verify costs by block shape

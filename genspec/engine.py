@@ -206,10 +206,20 @@ class _Request:
         self.error: str | None = None
         self.stats = RequestStats()
         self.started_at = 0.0
+        self.reads_hidden = drafter is not None and drafter.reads_target_hidden
+        self.pending_hidden: list[torch.Tensor] = []  # the target's hidden states not yet handed to the drafter
 
     @property
     def sequence(self) -> list[int]:
         return self.prompt + self.generated
+
+    def take_hidden(self) -> torch.Tensor | None:
+        """The target's hidden states of the tokens committed since the drafter last saw any (None when
+        the drafter does not read them)."""
+        if not self.reads_hidden:
+            return None
+        hidden, self.pending_hidden = self.pending_hidden, []
+        return torch.cat(hidden) if len(hidden) > 1 else hidden[0] if hidden else None
 
     @property
     def group(self) -> tuple:
@@ -383,10 +393,13 @@ class SpeculativeEngine:
         if not joining:
             return
         started = time.perf_counter()
-        self.target.add_rows([r.prompt[:-1] for r in joining])
+        hidden = self.target.add_rows([r.prompt[:-1] for r in joining],
+                                      return_hidden=any(r.reads_hidden for r in joining))
+        hidden_of = {r.id: h for r, h in zip(joining, hidden)} if hidden is not None else {}
         for drafter, requests in _by_drafter(joining):
             drafter.start([RequestContext(r.id, list(r.prompt), r.sampling, r.random.draft_generator,
-                                          dict(r.config.drafter_options)) for r in requests])
+                                          dict(r.config.drafter_options), hidden_of.get(r.id) if r.reads_hidden else None)
+                           for r in requests])
         for request in joining:
             request.started_at = started
         self._running += joining
@@ -445,13 +458,14 @@ class SpeculativeEngine:
     def _propose(drafter: Drafter, requests: list[_Request], limits: list[int]) -> Draft:
         """The drafter's proposal for these requests. If it fails, each request is proposed for alone, and a
         request whose own proposal fails fails alone (``finish_reason`` "error"; it verifies nothing)."""
+        rows = [DraftRequest(r.id, r.sequence, n, r.take_hidden()) for r, n in zip(requests, limits)]
         try:
-            return drafter.propose([DraftRequest(r.id, r.sequence, n) for r, n in zip(requests, limits)])
+            return drafter.propose(rows)
         except Exception:  # noqa: BLE001 - find the request(s) at fault; the others go on
             drafts = []
-            for request, limit in zip(requests, limits):
+            for request, row in zip(requests, rows):
                 try:
-                    drafts.append(drafter.propose([DraftRequest(request.id, request.sequence, limit)]))
+                    drafts.append(drafter.propose([row]))
                 except Exception as exc:  # noqa: BLE001 - reported on the request, the engine goes on
                     request.finish_reason, request.error = "error", f"{type(exc).__name__}: {exc}"
                     drafts.append(Draft.empty(1))
@@ -479,10 +493,16 @@ class SpeculativeEngine:
             group = groups[0]  # early exit: the draft computed the block's first layers already
             requests = [DraftRequest(r.id, r.sequence, 0) for r in group.requests]
             prefix = group.requests[0].drafter.verify_prefix(self.target, requests, tokens, valid)
-        logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix)
+        reads_hidden = any(r.reads_hidden for g in groups for r in g.requests)
+        logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix, return_hidden=reads_hidden)
+        if reads_hidden:
+            logits, hidden = logits
         record.target_time_s = time.perf_counter() - started
         for group in groups:
             group.verdict = self._accept(group, logits[torch.tensor(group.rows), :group.block.tokens.shape[1]])
+            for request, row, path in zip(group.requests, group.rows, group.verdict.path):
+                if request.reads_hidden:  # the kept path's states: those of the tokens now committed
+                    request.pending_hidden.append(hidden[row, path[path >= 0]])
         record.verify_time_s = time.perf_counter() - started
         record.batch_size, record.block_width = batch, width
         self.costs.observe_verify(width, record.verify_time_s, batch)

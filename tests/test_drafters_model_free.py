@@ -183,7 +183,9 @@ class CopyModel(CausalLM):
         self._rows = list(range(batch_size))  # the document of each row
         self._added = batch_size
 
-    def add_rows(self, prefixes):  # rows take the documents in the order they join
+    def add_rows(self, prefixes, return_hidden=False):  # rows take the documents in the order they join
+        if return_hidden:
+            raise ConfigError("CopyModel has no hidden states")
         self._rows += [(self._added + i) % len(self.documents) for i in range(len(prefixes))]
         self._added += len(prefixes)
         self._lengths = torch.cat([self._lengths, torch.tensor([len(p) for p in prefixes], dtype=torch.long)])
@@ -196,7 +198,9 @@ class CopyModel(CausalLM):
     def hidden_states(self, tokens, valid=None, tree_mask=None):
         raise NotImplementedError
 
-    def forward(self, tokens, valid=None, tree_mask=None, last_only=False, prefix=None):
+    def forward(self, tokens, valid=None, tree_mask=None, last_only=False, prefix=None, return_hidden=False):
+        if return_hidden:
+            raise ConfigError("CopyModel has no hidden states")
         batch, width = tokens.shape
         valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
         depth = torch.arange(width).expand(batch, width) if tree_mask is None else tree_mask.sum(-1) - 1

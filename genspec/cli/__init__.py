@@ -17,6 +17,7 @@ _SUBCOMMANDS = [
     "genspec.cli.demo",
     "genspec.cli.index",
     "genspec.cli.calibrate",
+    "genspec.cli.train",
     "genspec.cli.bench",
     "genspec.cli.serve",
 ]

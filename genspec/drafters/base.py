@@ -25,7 +25,9 @@ class RequestContext:
 
     ``generator`` is the request's own random stream for drafting (a seeded request drafts the same
     whatever else is in the batch); ``options`` are per-request drafter options, among the drafter's
-    :attr:`Drafter.request_options`.
+    :attr:`Drafter.request_options`. ``hidden``: for a drafter that :attr:`~Drafter.reads_target_hidden`,
+    the target's hidden states (its LM head's inputs) of every prompt token but the last,
+    ``[len(prompt) - 1, H]``; None for the others.
     """
 
     request_id: int
@@ -33,16 +35,21 @@ class RequestContext:
     sampling: SamplingConfig = SamplingConfig()
     generator: torch.Generator | None = None
     options: Mapping[str, object] = field(default_factory=dict)
+    hidden: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
 class DraftRequest:
     """One row of a :meth:`Drafter.propose` call: propose up to ``max_tokens`` tokens after ``sequence``
-    (prompt and generated tokens so far). ``max_tokens`` may be 0 (nothing wanted from this row)."""
+    (prompt and generated tokens so far). ``max_tokens`` may be 0 (nothing wanted from this row).
+    ``hidden``: for a drafter that :attr:`~Drafter.reads_target_hidden`, the target's hidden states of
+    the tokens committed since this request's last proposal (or its start), ``[n, H]``, in order; with
+    the earlier ones they cover every token of ``sequence`` but the last. None for the others."""
 
     request_id: int
     sequence: list[int]
     max_tokens: int
+    hidden: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,9 @@ class Drafter(ABC):
     max_candidates: int = 1
     #: per-request options a request may pass (``GenerationConfig.drafter_options``)
     request_options: tuple[str, ...] = ()
+    #: the drafter reads the target's hidden states (EAGLE-style heads): the engine then asks the target
+    #: for them and hands them over in :attr:`RequestContext.hidden` and :attr:`DraftRequest.hidden`
+    reads_target_hidden: bool = False
 
     @classmethod
     def for_target(cls, target: CausalLM, **options) -> "Drafter":
@@ -228,3 +238,13 @@ class Drafter(ABC):
         ``requests``), already computed while drafting (early exit: the draft *is* those layers).
         None (the default): the target runs every layer."""
         return None
+
+
+def request_uniforms(contexts: list[RequestContext], count: int, drawing: list[bool]) -> torch.Tensor:
+    """``[R, count]`` uniforms for drafting, each row from its request's draft generator; only rows that
+    are drawing and sampled consume any (so a row's stream does not depend on its neighbours)."""
+    out = torch.zeros(len(contexts), count, dtype=torch.float64)
+    for row, context in enumerate(contexts):
+        if drawing[row] and not context.sampling.greedy:
+            out[row] = torch.rand(count, generator=context.generator, dtype=torch.float64)
+    return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from genspec.acceptance import sample_with_uniforms, verify
-from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
+from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext, request_uniforms
 from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM, PrefixKV
@@ -116,23 +116,13 @@ class DraftModelDrafter(Drafter):
         self.model.commit_all(valid)
         return out
 
-    @staticmethod
-    def _uniforms(contexts: list[RequestContext], count: int, drawing: list[bool]) -> torch.Tensor:
-        """``[R, count]`` uniforms, each row from its request's draft generator; only rows that are drawing
-        and sampled consume any (so a row's stream does not depend on its neighbours)."""
-        out = torch.zeros(len(contexts), count, dtype=torch.float64)
-        for row, context in enumerate(contexts):
-            if drawing[row] and not context.sampling.greedy:
-                out[row] = torch.rand(count, generator=context.generator, dtype=torch.float64)
-        return out
-
     def _choose(self, logits: torch.Tensor, seen: torch.Tensor | None, contexts: list[RequestContext],
                 drawing: list[bool]):
         """A token per row from logits ``[R, V]``, the law it was drawn from, and whether it is confident."""
         sampling = [c.sampling for c in contexts]
         probs = process_logits(logits, sampling, seen)
         greedy = torch.tensor([s.greedy for s in sampling])
-        uniforms = self._uniforms(contexts, 1, drawing)[:, 0]
+        uniforms = request_uniforms(contexts, 1, drawing)[:, 0]
         tokens = torch.where(greedy, probs.argmax(-1), sample_with_uniforms(probs, uniforms))
         return tokens, probs, self._confident(logits, seen, tokens, probs, contexts)
 
@@ -193,8 +183,8 @@ class DraftModelDrafter(Drafter):
             width = block.shape[1] - 1
             verdict = verify(block[:, 1:].unsqueeze(1), valid[:, 1:].sum(1, keepdim=True), block_logits, sampling,
                              draft_probs=None if inner.probs is None else inner.probs[:, :, :width], seen=seen,
-                             accept_uniforms=self._uniforms(contexts, width, drawing).unsqueeze(-1),
-                             sample_uniforms=self._uniforms(contexts, width + 1, drawing))
+                             accept_uniforms=request_uniforms(contexts, width, drawing).unsqueeze(-1),
+                             sample_uniforms=request_uniforms(contexts, width + 1, drawing))
             accepted = verdict.accepted_length
             self.model.keep_block(torch.where(valid[:, :1], verdict.path, torch.full_like(verdict.path, -1)))
             laws = None if greedy else process_logits(block_logits, sampling, seen)  # [R, n, V]

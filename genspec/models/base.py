@@ -54,9 +54,11 @@ class CausalLM(ABC):
         """Forget every sequence; hold ``batch_size`` empty rows."""
 
     @abstractmethod
-    def add_rows(self, prefixes: list[list[int]]) -> None:
+    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False) -> list[torch.Tensor] | None:
         """Append one row per prefix, holding its tokens (a prefill run on the new rows only; the other
-        rows keep their caches). Empty prefixes give empty rows."""
+        rows keep their caches). Empty prefixes give empty rows. With ``return_hidden``, the final hidden
+        states (the LM head's inputs) of each prefix, ``[len(prefix), H]`` per row (models without
+        hidden states raise :class:`genspec.errors.ConfigError`)."""
 
     @abstractmethod
     def remove_rows(self, rows: list[int]) -> None:
@@ -75,8 +77,9 @@ class CausalLM(ABC):
     @abstractmethod
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False,
-                prefix: PrefixKV | None = None) -> torch.Tensor:
-        """Append ``tokens`` ``[B, n]`` to each row and return logits ``[B, n, V]``.
+                prefix: PrefixKV | None = None, return_hidden: bool = False):
+        """Append ``tokens`` ``[B, n]`` to each row and return logits ``[B, n, V]`` (with
+        ``return_hidden``: ``(logits, hidden)``, the final hidden states ``[B, n, H]`` too).
 
         ``valid`` ``[B, n]`` marks real tokens (padding is right-aligned per row and is not kept).
         ``tree_mask`` ``[B, n, n]`` bool: entry (i, j) says new token i may see new token j (its

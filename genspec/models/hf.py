@@ -150,23 +150,25 @@ class HFCausalLM(CausalLM):
         self._block_start = 0
 
     @torch.inference_mode()
-    def add_rows(self, prefixes: list[list[int]]) -> None:
+    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False) -> list[torch.Tensor] | None:
         """Prefill the new rows in a cache of their own, then append that cache's rows to this one
         (holes pad the shorter of the two along the slot axis): one copy of the cache per join, as a
         decode step's ``torch.cat`` costs anyway."""
         if not prefixes:
-            return
+            return [] if return_hidden else None
         held = (self.cache, self.slot_positions, self._lengths)
         self.reset(len(prefixes))
         width = max(len(p) for p in prefixes)
+        hidden = [torch.zeros(0, self.config.hidden_size, dtype=self.dtype, device=self.device)] * len(prefixes)
         if width:
             tokens = torch.zeros(len(prefixes), width, dtype=torch.long)
             valid = torch.zeros(len(prefixes), width, dtype=torch.bool)
             for row, prefix in enumerate(prefixes):
                 tokens[row, :len(prefix)] = torch.as_tensor(prefix, dtype=torch.long)
                 valid[row, :len(prefix)] = True
-            self.hidden_states(tokens, valid)
+            states, _ = self.hidden_states(tokens, valid)
             self.commit_all(valid)
+            hidden = [states[row, :len(prefix)] for row, prefix in enumerate(prefixes)]
         added_cache, added_slots, added_lengths = self.cache, self.slot_positions, self._lengths
         self.cache, self.slot_positions, self._lengths = held
         slots = max(self.num_slots, added_slots.shape[1])
@@ -185,6 +187,7 @@ class HFCausalLM(CausalLM):
                                          for p in (self.slot_positions, added_slots)], dim=0)
         self._lengths = torch.cat([self._lengths, added_lengths])
         self._block_start = self.num_slots
+        return hidden if return_hidden else None
 
     @torch.inference_mode()
     def remove_rows(self, rows: list[int]) -> None:
@@ -303,19 +306,30 @@ class HFCausalLM(CausalLM):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., V]`` from final hidden states ``[..., H]``."""
-        if self._final_norm is not None:
-            hidden = self._final_norm(hidden)
-        if self._lm_head is not None:
-            logits = self._lm_head(hidden)
-        else:
-            logits = self._head(hidden)
-        if self._softcap:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
+        logits = self._logits(hidden, self._lm_head if self._lm_head is not None else self._head)
         if self.vocab_subset is not None:
             full = logits.new_full((*logits.shape[:-1], self.vocab_size), -torch.inf)
             full[..., self.vocab_subset] = logits
             logits = full
         return logits
+
+    def _logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
+        """The final norm (for a decoder view without it), the output layer ``head``, the soft cap."""
+        if self._final_norm is not None:
+            hidden = self._final_norm(hidden)
+        logits = head(hidden)
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    def subset_head(self, token_ids: torch.Tensor):
+        """A function from final hidden states ``[..., H]`` to this model's logits of ``token_ids`` only,
+        ``[..., S]``: the same norm, output-layer rows and soft cap as :meth:`head` (a draft head's
+        truncated vocabulary; differentiable in the hidden states, for training)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
+        weight = self._head.weight.detach()[ids]
+        bias = None if self._head_bias is None else self._head_bias.detach()[ids]
+        return lambda hidden: self._logits(hidden, lambda h: torch.nn.functional.linear(h, weight, bias))
 
     def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                       tree_mask: torch.Tensor | None = None,
@@ -364,20 +378,21 @@ class HFCausalLM(CausalLM):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False,
-                prefix: PrefixKV | None = None) -> torch.Tensor:
+                prefix: PrefixKV | None = None, return_hidden: bool = False):
         """See :meth:`CausalLM.forward`; ``prefix``: layers already computed by an early-exit draft."""
         hidden, valid = self.hidden_states(tokens, valid, tree_mask, prefix)
         if last_only:
             last = valid.long().cumsum(-1).argmax(-1)  # index of the last valid token
             hidden = hidden[torch.arange(hidden.shape[0], device=self.device), last].unsqueeze(1)
-            return self.head(hidden)
-        if bool(valid.all()):
-            return self.head(hidden)
-        # the head only where a token is real: with a 262k vocabulary it is a large share of a verified
-        # token's cost (models/head.py has the kernel timings), and padding is never read
-        logits = hidden.new_zeros(*hidden.shape[:-1], self.vocab_size)
-        logits[valid] = self.head(hidden[valid]).to(logits.dtype)
-        return logits
+            logits = self.head(hidden)
+        elif bool(valid.all()):
+            logits = self.head(hidden)
+        else:
+            # the head only where a token is real: with a 262k vocabulary it is a large share of a verified
+            # token's cost (models/head.py has the kernel timings), and padding is never read
+            logits = hidden.new_zeros(*hidden.shape[:-1], self.vocab_size)
+            logits[valid] = self.head(hidden[valid]).to(logits.dtype)
+        return (logits, hidden) if return_hidden else logits
 
     @torch.inference_mode()
     def commit_all(self, valid: torch.Tensor | None = None) -> None:

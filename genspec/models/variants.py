@@ -46,10 +46,11 @@ class EarlyExitModel(HFCausalLM):
         super().reset(batch_size)
         self._exit_hidden: list[dict[int, torch.Tensor]] = [{} for _ in range(batch_size)]
 
-    def add_rows(self, prefixes: list[list[int]]) -> None:
+    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False):
         held = self._exit_hidden
-        super().add_rows(prefixes)  # resets, prefills the new rows (recording theirs), merges
+        hidden = super().add_rows(prefixes, return_hidden)  # resets, prefills the new rows (recording theirs), merges
         self._exit_hidden = held + self._exit_hidden
+        return hidden
 
     def remove_rows(self, rows: list[int]) -> None:
         super().remove_rows(rows)

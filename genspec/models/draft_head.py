@@ -1,0 +1,159 @@
+"""The trained draft head (EAGLE / Hydra style): one small decoder layer on the target's own features.
+
+At position i it reads the pair (the target's feature f_i, the embedding of token i + 1) and predicts
+f_{i+1}, the target's feature one position on; the target's own output layer, cut to a truncated
+vocabulary (the most frequent tokens of the target's outputs, FR-Spec style), turns a predicted feature
+into draft logits. Drafting further feeds the head's own prediction back, paired with the token just
+drafted. A "feature" is what :meth:`genspec.models.hf.HFCausalLM.hidden_states` returns: the input of
+the target's LM head.
+
+The layer is written out here (RMSNorm, grouped-query attention with rotary positions, a gated MLP)
+rather than borrowed from a transformers model class, because the drafter attends per row over caches
+of different lengths and the trainer over whole sequences, and both go through
+:meth:`DraftHead.project` / :meth:`DraftHead.finish` with the attention in between.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The head's shape. ``hidden_size`` is the target's; the rest is the head's own."""
+
+    hidden_size: int
+    num_heads: int = 4
+    num_kv_heads: int = 1
+    head_dim: int = 64
+    intermediate_size: int = 1024
+    rope_theta: float = 10_000.0
+    eps: float = 1e-6
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding of ``x`` ``[B, heads, n, d]`` at ``positions`` ``[B, n]``."""
+    half = x.shape[-1] // 2
+    frequencies = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+    angles = positions.to(torch.float32).unsqueeze(-1) * frequencies  # [B, n, half]
+    cos, sin = angles.cos().unsqueeze(1).to(x.dtype), angles.sin().unsqueeze(1).to(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+class DraftHead(nn.Module):
+    """The network. ``forward`` runs whole sequences (training); the drafter runs
+    :meth:`inputs` -> :meth:`project` -> its own cached attention -> :meth:`finish`."""
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        self.config = config
+        hidden, inner = config.hidden_size, config.num_heads * config.head_dim
+        self.feature_norm = nn.RMSNorm(hidden, eps=config.eps)
+        self.embedding_norm = nn.RMSNorm(hidden, eps=config.eps)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.attention_norm = nn.RMSNorm(hidden, eps=config.eps)
+        self.q = nn.Linear(hidden, inner, bias=False)
+        self.k = nn.Linear(hidden, config.num_kv_heads * config.head_dim, bias=False)
+        self.v = nn.Linear(hidden, config.num_kv_heads * config.head_dim, bias=False)
+        self.o = nn.Linear(inner, hidden, bias=False)
+        self.mlp_norm = nn.RMSNorm(hidden, eps=config.eps)
+        self.gate = nn.Linear(hidden, config.intermediate_size, bias=False)
+        self.up = nn.Linear(hidden, config.intermediate_size, bias=False)
+        self.down = nn.Linear(config.intermediate_size, hidden, bias=False)
+        self.out_norm = nn.RMSNorm(hidden, eps=config.eps)
+
+    def inputs(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """The layer's input ``[B, n, H]`` from the pairs (feature, next token's embedding)."""
+        return self.fc(torch.cat([self.feature_norm(features), self.embedding_norm(embeddings)], dim=-1))
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor):
+        """Queries ``[B, heads, n, d]``, keys and values ``[B, kv_heads, n, d]`` (rotated) of inputs ``x``."""
+        c = self.config
+        batch, n, _ = x.shape
+        h = self.attention_norm(x)
+        q = self.q(h).view(batch, n, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.k(h).view(batch, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v(h).view(batch, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        return rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of ``q`` ``[B, heads, n, d]`` over ``k`` / ``v`` ``[B, kv_heads, T, d]`` with a bool
+        ``mask`` ``[B or 1, 1, n, T]`` (True: may attend) or causal when None (T = n)."""
+        groups = self.config.num_heads // self.config.num_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The predicted features ``[B, n, H]`` from the inputs ``x`` and their attention outputs."""
+        batch, _, n, _ = attended.shape
+        x = x + self.o(attended.transpose(1, 2).reshape(batch, n, -1))
+        h = self.mlp_norm(x)
+        x = x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+        return self.out_norm(x)
+
+    def forward(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """Whole sequences (causal; right padding is never attended by real positions): the predicted
+        feature of position i + 1 for each pair i, ``[B, n, H]``."""
+        x = self.inputs(features, embeddings)
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        q, k, v = self.project(x, positions)
+        return self.finish(x, self.attend(q, k, v, None))
+
+
+def target_fingerprint(target) -> str:
+    """A short hash of what a head depends on in its target: its shapes and the signs of 64 rows of its
+    LM head (a head trained for another model is refused; the same weights in another dtype pass)."""
+    weight = target.model.get_output_embeddings().weight.detach()
+    digest = hashlib.sha256()
+    digest.update(repr((tuple(weight.shape), target.num_layers, target.max_context)).encode())
+    rows = torch.linspace(0, weight.shape[0] - 1, 64).long()
+    digest.update((weight[rows] > 0).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+#: the files of a saved head (a directory)
+HEAD_CONFIG, HEAD_WEIGHTS = "head.json", "head.safetensors"
+
+
+def save_head(directory, head: DraftHead, vocab_ids: list[int], fingerprint: str, info: dict | None = None) -> None:
+    """Write ``head`` to ``directory``: its shape, draft vocabulary, target fingerprint and ``info``
+    (how it was trained) in head.json, its weights in head.safetensors."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(directory / HEAD_WEIGHTS))
+    (directory / HEAD_CONFIG).write_text(json.dumps({"config": head.config.as_dict(), "fingerprint": fingerprint,
+                                                     "vocab_ids": list(map(int, vocab_ids)), "info": info or {}}))
+
+
+def load_head(directory) -> tuple[DraftHead, list[int], str, dict]:
+    """``(head, vocab_ids, fingerprint, info)`` of a directory written by :func:`save_head`."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from genspec.errors import InputFileError
+
+    directory = Path(directory)
+    if not (directory / HEAD_CONFIG).is_file() or not (directory / HEAD_WEIGHTS).is_file():
+        raise InputFileError(f"no draft head at {directory}: expected {HEAD_CONFIG} and {HEAD_WEIGHTS} "
+                             "(written by genspec train head)")
+    try:
+        meta = json.loads((directory / HEAD_CONFIG).read_text())
+        head = DraftHead(HeadConfig(**meta["config"]))
+        head.load_state_dict(load_file(str(directory / HEAD_WEIGHTS)))
+    except (ValueError, KeyError, TypeError, RuntimeError, OSError) as exc:
+        raise InputFileError(f"cannot read the draft head at {directory}: {str(exc).splitlines()[0]}") from exc
+    return head.eval(), meta["vocab_ids"], meta["fingerprint"], meta.get("info", {})

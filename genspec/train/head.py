@@ -1,0 +1,197 @@
+"""Training a draft head (:mod:`genspec.models.draft_head`) on the target's own features.
+
+Data: token sequences (the target's own continuations of prompts the benchmark never measures, and
+teacher-forced text); the target runs over each once and its features (the LM head's inputs) are kept.
+Loss, EAGLE's: at pair i (feature f_i, token i + 1) the head predicts f_{i+1}; a smooth-L1 regression
+to the true f_{i+1} plus 0.1 x the cross-entropy of the head's draft law against the target's law at
+i + 1, both over the head's vocabulary (the target's logits of the true f_{i+1} through the same rows
+of its output layer). Uniform noise on the input features (EAGLE's) teaches the head to draft from
+its own imperfect predictions.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from genspec.errors import ConfigError, InputFileError
+from genspec.models.draft_head import DraftHead, HeadConfig, save_head, target_fingerprint
+
+#: the training state, beside the saved head in the output directory
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 2000
+    batch_size: int = 8  # sequences per step
+    sequence_length: int = 256  # tokens per sequence (longer ones are cut into pieces)
+    learning_rate: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
+    classification_weight: float = 0.1
+    noise: float = 0.1  # uniform noise on input features, in units of their RMS
+    checkpoint_every: int = 100
+    seed: int = 0
+
+
+def record_features(target, sequences: list[list[int]], batch_size: int = 8,
+                    progress: Callable[[int], None] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(tokens [n], features [n, H])`` per sequence: the target's feature at every position but the
+    last (whose successor is unknown, so it teaches nothing), as the engine hands them to drafters."""
+    out = []
+    for start in range(0, len(sequences), batch_size):
+        batch = [s for s in sequences[start:start + batch_size] if len(s) >= 3]
+        if not batch:
+            continue
+        target.reset(0)
+        hidden = target.add_rows([s[:-1] for s in batch], return_hidden=True)
+        for seq, features in zip(batch, hidden):
+            out.append((torch.tensor(seq, dtype=torch.long), features.detach().to(torch.float32).clone()))
+        if progress is not None:
+            progress(len(batch))
+    target.reset(0)
+    return out
+
+
+def choose_vocabulary(sequences: list[list[int]], size: int, always: tuple[int, ...] = ()) -> list[int]:
+    """The head's vocabulary: the ``size`` most frequent tokens of ``sequences``, plus ``always`` (EOS)."""
+    from genspec.calibration import most_frequent_tokens
+
+    return most_frequent_tokens(Counter(t for s in sequences for t in s), size, always)[0]
+
+
+def _pieces(data: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Sequences cut into pieces of at most ``length`` pairs (features f_0..f_{n-1}, tokens 0..n)."""
+    out = []
+    for tokens, features in data:
+        for start in range(0, len(features) - 1, length):
+            stop = min(start + length, len(features))
+            if stop - start >= 2:
+                out.append((tokens[start:stop + 1], features[start:stop]))
+    return out
+
+
+def head_loss(head: DraftHead, logits_of, embed, tokens: torch.Tensor, features: torch.Tensor,
+              mask: torch.Tensor, settings: TrainSettings, generator: torch.Generator | None = None):
+    """``(loss, regression, classification, top-1 agreement)`` on a padded batch: ``tokens`` ``[B, n + 1]``,
+    ``features`` ``[B, n, H]`` (f_0..f_{n-1}), ``mask`` ``[B, n - 1]`` the pairs with a known next feature."""
+    inputs = features[:, :-1]
+    if settings.noise and generator is not None:
+        scale = inputs.pow(2).mean(-1, keepdim=True).sqrt()
+        noise = torch.rand(inputs.shape, generator=generator, dtype=inputs.dtype) * 2 - 1
+        inputs = inputs + settings.noise * scale * noise
+    predicted = head(inputs, embed(tokens[:, 1:-1]).to(features.dtype))  # predicts f_1..f_{n-1}
+    wanted = features[:, 1:]
+    regression = torch.nn.functional.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
+    draft = logits_of(predicted).float().log_softmax(-1)
+    with torch.no_grad():
+        teacher = logits_of(wanted).float()
+    classification = -(teacher.softmax(-1) * draft).sum(-1)
+    weight = mask.to(regression.dtype)
+    total = weight.sum().clamp(min=1)
+    regression, classification = (regression * weight).sum() / total, (classification * weight).sum() / total
+    agree = ((draft.argmax(-1) == teacher.argmax(-1)).to(weight.dtype) * weight).sum() / total
+    return regression + settings.classification_weight * classification, regression, classification, agree
+
+
+def _batch(pieces, indices):
+    n = max(len(pieces[i][1]) for i in indices)
+    hidden = pieces[indices[0]][1].shape[-1]
+    tokens = torch.zeros(len(indices), n + 1, dtype=torch.long)
+    features = torch.zeros(len(indices), n, hidden)
+    mask = torch.zeros(len(indices), n - 1, dtype=torch.bool)
+    for b, i in enumerate(indices):
+        t, f = pieces[i]
+        tokens[b, :len(t)], features[b, :len(f)], mask[b, :len(f) - 1] = t, f, True
+    return tokens, features, mask
+
+
+def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out: list[tuple[torch.Tensor, torch.Tensor]],
+               vocab_ids: list[int], out: str | Path, config: HeadConfig | None = None,
+               settings: TrainSettings = TrainSettings(), resume: bool = False,
+               progress: Callable[[int, dict], None] | None = None, info: dict | None = None) -> dict:
+    """Train a head on recorded features (:func:`record_features`); saves it to ``out`` (with a
+    resumable checkpoint every ``checkpoint_every`` steps) and returns the training log: loss per
+    logged step, held-out figures before and after, time."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --resume")
+    if resume and not (out / CHECKPOINT).is_file():
+        raise InputFileError(f"nothing to resume in {out} (no {CHECKPOINT})")
+    torch.manual_seed(settings.seed)
+    config = config or HeadConfig(hidden_size=target.config.hidden_size)
+    head = DraftHead(config).to(torch.float32).train()
+    vocab = torch.as_tensor(vocab_ids, dtype=torch.long)
+    logits_of = target.subset_head(vocab)
+    embed = target.model.get_input_embeddings()
+    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / settings.warmup) * 0.5 * (
+        1 + math.cos(math.pi * min(step, settings.steps) / settings.steps)))
+    generator = torch.Generator().manual_seed(settings.seed)
+    log = {"settings": asdict(settings), "config": config.as_dict(), "loss": [], "seconds": 0.0}
+    step = 0
+    if resume:
+        state = torch.load(out / CHECKPOINT, weights_only=False)
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        generator.set_state(state["generator"])
+        step, log = state["step"], state["log"]
+    pieces, held = _pieces(train, settings.sequence_length), _pieces(held_out, settings.sequence_length)
+    if not pieces:
+        raise ConfigError("no training data: every sequence is shorter than 3 tokens")
+    if "held_out_before" not in log:
+        log["held_out_before"] = evaluate(head, logits_of, embed, held, settings)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter() - log["seconds"]
+    while step < settings.steps:
+        order = torch.randint(len(pieces), (settings.batch_size,), generator=generator).tolist()
+        tokens, features, mask = _batch(pieces, order)
+        loss, regression, classification, agree = head_loss(head, logits_of, embed, tokens, features, mask,
+                                                             settings, generator)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        step += 1
+        entry = {"step": step, "loss": float(loss), "regression": float(regression),
+                 "classification": float(classification), "agreement": float(agree)}
+        log["loss"].append(entry)
+        if progress is not None:
+            progress(step, entry)
+        if step % settings.checkpoint_every == 0 or step == settings.steps:
+            log["seconds"] = time.perf_counter() - started
+            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+                        "generator": generator.get_state(), "step": step, "log": log}, out / CHECKPOINT)
+    log["held_out_after"] = evaluate(head, logits_of, embed, held, settings)
+    log["seconds"] = time.perf_counter() - started
+    save_head(out, head.eval(), vocab_ids, target_fingerprint(target), {**(info or {}), "log": log})
+    return log
+
+
+@torch.no_grad()
+def evaluate(head: DraftHead, logits_of, embed, pieces, settings: TrainSettings, batch_size: int = 16) -> dict:
+    """Held-out loss and first-token agreement (draft argmax = target argmax, over the head's vocabulary)."""
+    if not pieces:
+        return {}
+    was_training = head.training
+    head.eval()
+    totals = {"loss": 0.0, "agreement": 0.0, "pairs": 0}
+    quiet = TrainSettings(**{**asdict(settings), "noise": 0.0})
+    for start in range(0, len(pieces), batch_size):
+        tokens, features, mask = _batch(pieces, list(range(start, min(start + batch_size, len(pieces)))))
+        loss, _, _, agree = head_loss(head, logits_of, embed, tokens, features, mask, quiet)
+        pairs = int(mask.sum())
+        totals["loss"] += float(loss) * pairs
+        totals["agreement"] += float(agree) * pairs
+        totals["pairs"] += pairs
+    head.train(was_training)
+    return {"loss": totals["loss"] / max(1, totals["pairs"]), "agreement": totals["agreement"] / max(1, totals["pairs"]),
+            "pairs": totals["pairs"]}

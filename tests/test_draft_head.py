@@ -1,0 +1,213 @@
+"""The trained draft head (``--drafter head``) on tiny random-weight models: the engine hands drafters
+the target's features exactly; the head's cached drafting equals its whole-sequence forward; greedy
+output equals plain decoding; sampled output follows the exact target law (chi-square); training lowers
+the loss; saved heads load, and wrong ones are refused with one-line errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+from stats_helpers import chi_square_pvalue
+from tiny_models import exact_joint, peaked, tiny_llama
+
+from genspec.drafters.base import Draft, Drafter
+from genspec.drafters.head import HeadDrafter
+from genspec.engine import SpeculativeEngine
+from genspec.errors import ConfigError, InputFileError
+from genspec.models import HFCausalLM
+from genspec.models.draft_head import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
+from genspec.sampling import SamplingConfig, process_logits
+from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
+
+SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
+
+
+def _head(seed: int = 0, dtype=torch.float64) -> DraftHead:
+    torch.manual_seed(seed)
+    return DraftHead(SMALL).to(dtype).eval()
+
+
+class _Recorder(Drafter):
+    """Reads the target's features and proposes the last token repeated (so drafts are partly kept)."""
+
+    name = "recorder"
+    reads_target_hidden = True
+
+    def __init__(self):
+        self.features: dict[int, list[torch.Tensor]] = {}
+        self.checked = 0
+
+    def start(self, contexts):
+        for c in contexts:
+            self.features[c.request_id] = [c.hidden]
+
+    def propose(self, requests):
+        for r in requests:
+            if r.hidden is not None:
+                self.features[r.request_id].append(r.hidden)
+            known = sum(len(f) for f in self.features[r.request_id])
+            assert known == len(r.sequence) - 1  # every committed token's feature but the last one's
+            self.checked += 1
+        return Draft.from_chains([[[r.sequence[-1]] * r.max_tokens] for r in requests])
+
+
+def test_the_engine_hands_drafters_the_exact_target_features(tiny_target):
+    recorder = _Recorder()
+    engine = SpeculativeEngine(tiny_target, recorder)
+    prompts = [[5, 6, 7, 5, 6], [9, 9, 9], [3, 4]]
+    results = engine.generate_ids(prompts, max_new_tokens=17, num_draft_tokens=3, draft_length="fixed",
+                                  eos_token_ids=())
+    assert all(r.finish_reason == "length" for r in results)  # (a failing check would fail the request)
+    assert recorder.checked > 3 and sum(r.stats.accepted_tokens for r in results) > 0
+    reference = HFCausalLM(tiny_llama(0))
+    for request_id, (prompt, result) in enumerate(zip(prompts, results)):
+        sequence = prompt + result.token_ids
+        got = torch.cat(recorder.features[request_id])
+        reference.reset(0)
+        [expected] = reference.add_rows([sequence[:-1]], return_hidden=True)
+        assert torch.allclose(got, expected[:len(got)], atol=1e-9)  # the last step's features came with no proposal
+
+
+def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):
+    """The drafter's per-row cache (committed pairs fed in two chunks, then a drafted pair) gives the
+    same predicted features as the head's forward over the whole sequence."""
+    head = _head()
+    drafter = HeadDrafter(tiny_target, head, list(range(64)))
+    sequence = [5, 9, 11, 3, 7, 7, 2, 40, 41, 13]
+    tiny_target.reset(0)
+    [features] = tiny_target.add_rows([sequence[:-1]], return_hidden=True)
+    tiny_target.reset(0)
+    embed = tiny_target.model.get_input_embeddings()
+    with torch.no_grad():
+        whole = head(features.unsqueeze(0), embed(torch.tensor([sequence[1:]])))[0]  # predicts f_1..f_9
+    from genspec.drafters.base import RequestContext
+
+    drafter.start([RequestContext(0, sequence[:4], hidden=features[:3])])
+    row = drafter._rows[0]
+    with torch.no_grad():
+        first = drafter._sync([row], [sequence[:4]])  # pairs 0..2
+        row.features = features
+        second = drafter._sync([row], [sequence])  # pairs 3..8 (the cache is reused)
+    assert torch.allclose(first[0], whole[2], atol=1e-9)
+    assert torch.allclose(second[0], whole[8], atol=1e-9)
+    assert row.cached == 9
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_head_drafting_equals_plain_decoding(tiny_target, batch):
+    prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4], [11, 12, 13, 14, 15, 16]][:batch]
+    plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())
+    # a head that copies the target's features would agree everywhere; a random one mostly disagrees:
+    # equality must hold either way
+    drafter = HeadDrafter(tiny_target, _head(), choose_vocabulary([p.token_ids for p in plain], 40))
+    spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=24, num_draft_tokens=3,
+                                                                eos_token_ids=())
+    assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+    assert sum(s.stats.drafted_tokens for s in spec) > 0
+
+
+def test_head_sampling_is_lossless():
+    """Chi-square of the joint law of the first 3 generated tokens against the exact target law
+    (temperature 0.7, top-k 8, top-p 0.9, applied to draft and target alike) with a head whose
+    vocabulary leaves out a third of the target's (so its law differs: rejections really happen).
+    N = 20,000 samples, cells with expected count < 5 pooled; fail if p < 1e-3."""
+    target_model = peaked(tiny_llama(0, vocab=12))
+    target = HFCausalLM(target_model)
+    sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
+    head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
+    drafter = HeadDrafter(target, head.to(torch.float64), list(range(8)))
+    prompt = [3, 5, 7]
+    results = SpeculativeEngine(target, drafter).generate_ids(
+        [prompt] * 20_000, max_new_tokens=3, num_draft_tokens=2, temperature=0.7, top_k=8, top_p=0.9, seed=21,
+        eos_token_ids=(), draft_length="fixed")
+    counts = torch.zeros([12] * 3)
+    for r in results:
+        counts[tuple(r.token_ids)] += 1
+    exact = exact_joint(target_model, prompt, 3, lambda logits: process_logits(logits, sampling))
+    acceptance = sum(r.stats.accepted_tokens for r in results) / sum(r.stats.drafted_tokens for r in results)
+    assert 0.02 < acceptance < 0.95
+    assert chi_square_pvalue(counts.numpy(), exact.numpy()) > 1e-3
+
+
+def _training_data(target, count: int, length: int, seed: int):
+    """The target's own sampled continuations of random prompts (as ``genspec train`` uses its outputs)."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 64, (4,), generator=generator).tolist() for _ in range(count)]
+    results = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=length, temperature=0.8, seed=seed,
+                                                     eos_token_ids=())
+    return [p + r.token_ids for p, r in zip(prompts, results)]
+
+
+def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path):
+    target = HFCausalLM(peaked(tiny_llama(0, dtype=torch.float32), scale=4.0))
+    sequences = _training_data(target, 24, 40, seed=1)
+    data = record_features(target, sequences)
+    vocab = choose_vocabulary(sequences, 48)
+    settings = TrainSettings(steps=60, batch_size=8, sequence_length=32, learning_rate=3e-3, warmup=5,
+                             checkpoint_every=30)
+    log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=settings)
+    losses = [entry["loss"] for entry in log["loss"]]
+    assert sum(losses[-10:]) / 10 < 0.7 * sum(losses[:10]) / 10
+    assert log["held_out_after"]["loss"] < log["held_out_before"]["loss"]
+    head, vocab_ids, fingerprint, info = load_head(tmp_path / "head")
+    assert vocab_ids == vocab and fingerprint == target_fingerprint(target) and info["log"]["settings"]["steps"] == 60
+    drafter = HeadDrafter.for_target(target, path=str(tmp_path / "head"))
+    prompts = [s[:6] for s in sequences[20:]]
+    plain = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
+    spec = SpeculativeEngine(target, drafter).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
+    assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+
+    # --resume continues from the checkpoint; without it an existing directory is refused
+    with pytest.raises(ConfigError, match="exists"):
+        train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=settings)
+    longer = TrainSettings(**{**settings.__dict__, "steps": 70})
+    log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=longer, resume=True)
+    assert [e["step"] for e in log["loss"]] == list(range(1, 71))
+
+
+def test_a_head_for_another_model_or_no_head_is_a_clear_error(tmp_path, tiny_target):
+    other = HFCausalLM(tiny_llama(5))
+    save_head(tmp_path / "other", _head(), list(range(64)), target_fingerprint(other))
+    with pytest.raises(ConfigError, match="trained for another model"):
+        HeadDrafter.for_target(tiny_target, path=str(tmp_path / "other"))
+    with pytest.raises(InputFileError, match="no draft head at"):
+        HeadDrafter.for_target(tiny_target, path=str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match="needs a trained head"):
+        HeadDrafter.for_target(tiny_target)
+
+
+def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_dir):
+    """The command end to end on the tiny model (a few steps): a head is written, ``--drafter head``
+    loads it and greedy output equals plain; a second run into the same directory is refused."""
+    from genspec.cli import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"the cat sat on mat number {i} and the dog sat too" for i in range(30)))
+    out = tmp_path / "head"
+    argv = ["train", "head", "--model", str(tiny_model_dir), "--out", str(out), "--steps", "6", "--prompts", "4",
+            "--max-new-tokens", "16", "--vocab-size", "64", "--data", str(corpus)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "head written to" in err and "held out" in err
+    assert load_head(out)[3]["training_tokens"] > 0
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "the cat sat", "--max-new-tokens", "12", "--json"]
+    assert main(base + ["--drafter", "none"]) == 0
+    import json
+
+    plain = json.loads(capsys.readouterr().out)
+    assert main(base + ["--drafter", "head", "-O", f"path={out}", "-k", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
+    assert spec["stats"]["drafted_tokens"] > 0
+
+    assert main(argv) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [(["--steps", "0"], "--steps must be >= 1"),
+                                            (["--data", "/no/such/file.txt"], "training data not found")])
+def test_genspec_train_head_bad_input_is_one_line(capsys, tmp_path, tiny_model_dir, extra, message):
+    from genspec.cli import main
+
+    assert main(["train", "head", "--model", str(tiny_model_dir), "--out", str(tmp_path / "h"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
