@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from genspec.drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
 from genspec.drafters.edit import EditDrafter
 from genspec.drafters.head import HeadDrafter
+from genspec.drafters.hybrid import HybridDrafter
 from genspec.drafters.hierarchical import HierarchicalDrafter
 from genspec.drafters.lookahead import LookaheadDrafter
 from genspec.drafters.ngram_cache import NGramCacheDrafter
@@ -45,6 +46,7 @@ DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
     "edit": EditDrafter.for_target,
     "lookahead": LookaheadDrafter.for_target,
     "head": HeadDrafter.for_target,
+    "hybrid": HybridDrafter.for_target,
 }
 
 

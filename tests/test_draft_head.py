@@ -105,6 +105,58 @@ def test_greedy_head_drafting_equals_plain_decoding(tiny_target, batch):
     assert sum(s.stats.drafted_tokens for s in spec) > 0
 
 
+def test_a_one_branch_tree_is_the_greedy_chain(tiny_target):
+    """With tree_top_k = 1 the dynamic tree is the chain greedy drafting gives (its nodes see their
+    ancestors exactly as chain tokens see the earlier ones)."""
+    from genspec.drafters.base import DraftRequest, RequestContext
+
+    vocab = list(range(3, 60))
+    chain, tree = HeadDrafter(tiny_target, _head(), vocab), HeadDrafter(tiny_target, _head(), vocab, tree_nodes=5,
+                                                                          tree_top_k=1)
+    sequence = [5, 9, 11, 3, 7, 7, 2]
+    tiny_target.reset(0)
+    [features] = tiny_target.add_rows([sequence[:-1]], return_hidden=True)
+    tiny_target.reset(0)
+    drafts = []
+    for drafter in (chain, tree):
+        drafter.start([RequestContext(0, sequence, hidden=features)])
+        drafts.append(drafter.propose([DraftRequest(0, sequence, 5)]))
+    assert drafts[1].num_chains == 5 and drafts[1].first_chain(0) == drafts[0].first_chain(0)
+    assert len(drafts[0].first_chain(0)) == 5
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch):
+    prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]][:batch]
+    plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
+    drafter = HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=8, tree_top_k=3)
+    spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=4,
+                                                                eos_token_ids=())
+    assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+    assert sum(s.stats.drafted_tokens for s in spec) > 0
+
+
+def test_head_tree_sampling_is_lossless():
+    """The chi-square test (N = 20,000, 3 tokens, temperature 0.7 / top-k 8 / top-p 0.9, fail below
+    p = 1e-3) with dynamic trees of 6 deterministic candidates nodes."""
+    target_model = peaked(tiny_llama(0, vocab=12))
+    target = HFCausalLM(target_model)
+    sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
+    head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
+    drafter = HeadDrafter(target, head.to(torch.float64), list(range(10)), tree_nodes=6, tree_top_k=3)
+    prompt = [3, 5, 7]
+    results = SpeculativeEngine(target, drafter).generate_ids(
+        [prompt] * 20_000, max_new_tokens=3, num_draft_tokens=2, temperature=0.7, top_k=8, top_p=0.9, seed=22,
+        eos_token_ids=(), draft_length="fixed")
+    counts = torch.zeros([12] * 3)
+    for r in results:
+        counts[tuple(r.token_ids)] += 1
+    exact = exact_joint(target_model, prompt, 3, lambda logits: process_logits(logits, sampling))
+    acceptance = sum(r.stats.accepted_tokens for r in results) / sum(r.stats.drafted_tokens for r in results)
+    assert 0.02 < acceptance < 0.95
+    assert chi_square_pvalue(counts.numpy(), exact.numpy()) > 1e-3
+
+
 def test_head_sampling_is_lossless():
     """Chi-square of the joint law of the first 3 generated tokens against the exact target law
     (temperature 0.7, top-k 8, top-p 0.9, applied to draft and target alike) with a head whose
@@ -211,3 +263,33 @@ def test_genspec_train_head_bad_input_is_one_line(capsys, tmp_path, tiny_model_d
     assert main(["train", "head", "--model", str(tiny_model_dir), "--out", str(tmp_path / "h"), *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_hybrid_takes_lookup_after_a_strong_match_and_the_head_elsewhere(tiny_target):
+    from genspec.drafters.base import DraftRequest, RequestContext
+    from genspec.drafters.hybrid import HybridDrafter
+    from genspec.drafters.prompt_lookup import PromptLookupDrafter
+
+    hybrid = HybridDrafter(PromptLookupDrafter(), HeadDrafter(tiny_target, _head(), list(range(3, 64))), min_match=3)
+    repeated, fresh = [5, 6, 7, 8, 9, 5, 6, 7], [20, 21, 22, 23, 24, 25]  # "5 6 7" matched: lookup says 8 9 ...
+    tiny_target.reset(0)
+    hidden = tiny_target.add_rows([repeated[:-1], fresh[:-1]], return_hidden=True)
+    tiny_target.reset(0)
+    hybrid.start([RequestContext(0, repeated, hidden=hidden[0]), RequestContext(1, fresh, hidden=hidden[1])])
+    draft = hybrid.propose([DraftRequest(0, repeated, 3), DraftRequest(1, fresh, 3)])
+    assert draft.first_chain(0) == [8, 9, 5]
+    assert len(draft.first_chain(1)) == 3  # the head's chain (lookup found nothing there)
+
+
+@pytest.mark.parametrize("tree_nodes", [0, 6])
+def test_greedy_hybrid_equals_plain_decoding(tiny_target, tree_nodes):
+    from genspec.drafters.hybrid import HybridDrafter
+    from genspec.drafters.prompt_lookup import PromptLookupDrafter
+
+    prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]]
+    plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())
+    head = HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=tree_nodes, tree_top_k=3)
+    spec = SpeculativeEngine(tiny_target, HybridDrafter(PromptLookupDrafter(), head, min_match=2)).generate_ids(
+        prompts, max_new_tokens=24, num_draft_tokens=3, eos_token_ids=())
+    assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+    assert sum(s.stats.drafted_tokens for s in spec) > 0

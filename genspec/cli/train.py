@@ -27,8 +27,11 @@ def add_parser(subparsers) -> None:
                    help="extra teacher-forced text (UTF-8 .txt, or .jsonl with a \"text\" field); repeatable")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--prompts", type=int, default=240, help="Spec-Bench prompts the target continues")
+    p.add_argument("--prompts", type=int, default=415, help="Spec-Bench prompts used (at most 415 are not measured)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per continuation")
+    p.add_argument("--max-prompt-tokens", type=int, default=384,
+                   help="longer prompts are not continued (decoding after them is slow on a CPU); their text "
+                        "still trains, teacher-forced")
     p.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary (most frequent output tokens)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the training in --out")
@@ -67,7 +70,7 @@ def run_head(args) -> int:
     from genspec.models.hf import HFCausalLM
     from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
 
-    for name in ("steps", "batch_size", "prompts", "max_new_tokens", "vocab_size"):
+    for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     out = Path(args.out)
@@ -79,23 +82,26 @@ def run_head(args) -> int:
     target = genspec.load_model(args.model)
     if not isinstance(target, HFCausalLM):
         raise ConfigError("genspec train head needs a Hugging Face model directory (it reads hidden states)")
-    prompts = [p for p in load_spec_bench() if p.question_id not in {q.question_id for q in load_spec_bench(
-        per_category=BENCH_PROMPTS_EXCLUDED)}][:args.prompts]
+    measured = {q.question_id for q in load_spec_bench(per_category=BENCH_PROMPTS_EXCLUDED)}
+    prompts = [p for p in load_spec_bench() if p.question_id not in measured][:args.prompts]
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("target continuations", total=len(prompts))
         engine = SpeculativeEngine(target, max_batch_size=16)
         sequences = []
-        context = target.max_context or 1 << 30  # prompts that leave no room for the continuation are skipped
-        encoded = [e for e in (encode_prompt(p.text, target.tokenizer) for p in prompts)
-                   if len(e) + args.max_new_tokens <= context]
-        progress.update(task, total=len(encoded))
-        for start in range(0, len(encoded), 16):
-            batch = encoded[start:start + 16]
+        context = target.max_context or 1 << 30
+        encoded = sorted((encode_prompt(p.text, target.tokenizer) for p in prompts), key=len)  # less padding
+        limit = min(args.max_prompt_tokens, context - args.max_new_tokens)
+        continued, long_prompts = [e for e in encoded if len(e) <= limit], [e for e in encoded if len(e) > limit]
+        progress.update(task, total=len(continued))
+        for start in range(0, len(continued), 16):
+            batch = continued[start:start + 16]
             results = engine.generate_ids(batch, max_new_tokens=args.max_new_tokens, temperature=0.0)
             sequences += [prompt + r.token_ids for prompt, r in zip(batch, results)]
             progress.advance(task, len(batch))
+        generated = sum(len(s) for s in sequences) - sum(len(e) for e in continued)
+        sequences += [e[:min(1024, context)] for e in long_prompts]
         sequences += [target.tokenizer(text)["input_ids"][:min(1024, context)] for text in texts]
         if len(sequences) < 2:
             raise ConfigError("too little training data: no prompt fits the model's context and no --data given")
@@ -113,6 +119,7 @@ def run_head(args) -> int:
                          progress=lambda step, entry: progress.update(
                              task, completed=step, description=f"training (loss {entry['loss']:.3f})"),
                          info={"model": args.model or "embedded default", "prompts": len(prompts),
+                               "continued_prompts": len(continued), "generated_tokens": generated,
                                "continuation_tokens": args.max_new_tokens, "text_files": args.data,
                                "training_tokens": tokens, "sequences": len(train), "held_out_sequences": len(held)})
     after = log["held_out_after"]

@@ -128,6 +128,12 @@ class Draft:
         """Per row: was anything proposed?"""
         return (self.lengths.amax(dim=1) > 0).tolist()
 
+    def rows(self, indices: list[int]) -> "Draft":
+        """The draft of these rows only, in this order."""
+        index = torch.tensor(indices, dtype=torch.long)
+        return Draft(self.tokens[index], self.lengths[index], None if self.probs is None else self.probs[index],
+                     None if self.evidence is None else tuple(self.evidence[i] for i in indices))
+
     def first_chain(self, row: int) -> list[int]:
         return self.tokens[row, 0, :int(self.lengths[row, 0])].tolist()
 

@@ -35,14 +35,34 @@ class _Row:
         return int(self.keys.shape[1])
 
 
+class _Node:
+    """A node of a draft tree: its token, parent (-1: a child of the last committed token), depth,
+    cumulative draft log-probability, and once expanded its predicted feature and its pair's key / value."""
+
+    __slots__ = ("token", "parent", "depth", "score", "feature", "key", "value")
+
+    def __init__(self, token: int, parent: int, depth: int, score: float):
+        self.token, self.parent, self.depth, self.score = token, parent, depth, score
+        self.feature = self.key = self.value = None
+
+
 class HeadDrafter(Drafter):
-    """Drafts with a trained head (``genspec train head``); option ``path``: the head's directory."""
+    """Drafts with a trained head (``genspec train head``). Options: ``path``, the head's directory;
+    ``tree_nodes`` (0: a chain), the node budget of a dynamic draft tree (EAGLE-2): at each depth the
+    ``tree_top_k`` most likely nodes so far (by cumulative draft probability) are expanded into their
+    ``tree_top_k`` most likely tokens, and the ``tree_nodes`` most likely nodes are verified, each
+    root-to-leaf path a candidate. Tree candidates are deterministic (lossless under sampling too, as
+    lookup trees are); chains are sampled from the draft law when the request samples."""
 
     name = "head"
     free = False
     reads_target_hidden = True
 
-    def __init__(self, target, head: DraftHead, vocab_ids: list[int]):
+    def __init__(self, target, head: DraftHead, vocab_ids: list[int], tree_nodes: int = 0, tree_top_k: int = 4):
+        if int(tree_nodes) != tree_nodes or tree_nodes < 0 or int(tree_top_k) != tree_top_k or tree_top_k < 1:
+            raise ConfigError(f"tree_nodes must be an integer >= 0 and tree_top_k >= 1, got {tree_nodes}, {tree_top_k}")
+        self.tree_nodes, self.tree_top_k = int(tree_nodes), int(tree_top_k)
+        self.max_candidates = max(1, self.tree_nodes)
         self.device, self.dtype = target.device, target.dtype
         self.head = head.to(self.device, self.dtype).eval()
         self.embed = target.model.get_input_embeddings()
@@ -54,7 +74,7 @@ class HeadDrafter(Drafter):
         self._rows: dict[int, _Row] = {}
 
     @classmethod
-    def for_target(cls, target, path: str | None = None) -> "HeadDrafter":
+    def for_target(cls, target, path: str | None = None, tree_nodes: int = 0, tree_top_k: int = 4) -> "HeadDrafter":
         from genspec.models.hf import HFCausalLM
 
         if not isinstance(target, HFCausalLM):
@@ -68,7 +88,7 @@ class HeadDrafter(Drafter):
         if head.config.hidden_size != target.config.hidden_size:
             raise ConfigError(f"the draft head at {path} expects hidden size {head.config.hidden_size}, the model has "
                               f"{target.config.hidden_size}")
-        return cls(target, head, vocab_ids)
+        return cls(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k)
 
     # --------------------------------------------------------------- life cycle
     def start(self, contexts: list[RequestContext]) -> None:
@@ -80,27 +100,29 @@ class HeadDrafter(Drafter):
             self._rows.pop(request_id, None)
 
     # --------------------------------------------------------------- the head, per row over its cache
-    def _run(self, rows: list[_Row], features: torch.Tensor, tokens: torch.Tensor, starts: list[int],
-             counts: list[int], extra: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
-        """The head on a block of pairs per row (``features`` ``[R, n, H]``, ``tokens`` ``[R, n]``, the
-        first ``counts[r]`` real, at positions ``starts[r]`` on), attending over each row's cache (and
-        ``extra`` keys / values after it: the chain drafted so far). Returns the predicted features
-        ``[R, n, H]`` and the block's keys and values per row."""
-        n = tokens.shape[1]
+    def _run(self, rows: list[_Row], features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+             counts: list[int], extra: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None):
+        """The head on a block of pairs per row (``features`` ``[R, n, H]``, ``tokens`` ``[R, n]``,
+        ``positions`` ``[R, n]``, the first ``counts[r]`` real), attending over each row's cache and, with
+        ``extra``, per row ``(keys, values, mask)``: drafted pairs after the cache and which of them each
+        block pair sees (``[count, E]``; then a block pair sees itself only: tree nodes of one depth);
+        without, a block pair sees the earlier ones (a chain). Returns the predicted features
+        ``[R, n, H]`` and the block's keys and values."""
         x = self.head.inputs(features, self.embed(tokens).to(self.dtype))
-        positions = torch.tensor(starts, dtype=torch.long).unsqueeze(1) + torch.arange(n)
         q, k, v = self.head.project(x, positions)
         attended = torch.zeros_like(q)
         for r, row in enumerate(rows):
             count = counts[r]
             if not count:
                 continue
-            keys = [row.keys, *( [extra[r][0]] if extra else [] ), k[r, :, :count]]
-            values = [row.values, *( [extra[r][1]] if extra else [] ), v[r, :, :count]]
-            keys, values = torch.cat(keys, dim=1), torch.cat(values, dim=1)
-            before = keys.shape[1] - count
-            mask = torch.ones(count, keys.shape[1], dtype=torch.bool)
-            mask[:, before:] = torch.ones(count, count, dtype=torch.bool).tril()
+            own = torch.ones(count, count, dtype=torch.bool).tril() if extra is None else torch.eye(count, dtype=torch.bool)
+            keys, values, seen = [row.keys], [row.values], [torch.ones(count, row.cached, dtype=torch.bool)]
+            if extra is not None:
+                keys.append(extra[r][0])
+                values.append(extra[r][1])
+                seen.append(extra[r][2])
+            keys, values = torch.cat(keys + [k[r, :, :count]], dim=1), torch.cat(values + [v[r, :, :count]], dim=1)
+            mask = torch.cat(seen + [own], dim=1)
             attended[r:r + 1, :, :count] = self.head.attend(q[r:r + 1, :, :count], keys.unsqueeze(0),
                                                             values.unsqueeze(0), mask.view(1, 1, count, -1))
         return self.head.finish(x, attended), k, v
@@ -117,7 +139,8 @@ class HeadDrafter(Drafter):
             row.keys, row.values = row.keys[:, :start], row.values[:, :start]
             features[r, :count] = row.features[start:start + count]
             tokens[r, :count] = torch.tensor(seq[start + 1:start + 1 + count], dtype=torch.long)
-        out, k, v = self._run(rows, features, tokens, starts, counts)
+        positions = torch.tensor(starts, dtype=torch.long).unsqueeze(1) + torch.arange(n)
+        out, k, v = self._run(rows, features, tokens, positions, counts)
         for r, (row, count) in enumerate(zip(rows, counts)):
             row.keys = torch.cat([row.keys, k[r, :, :count]], dim=1)
             row.values = torch.cat([row.values, v[r, :, :count]], dim=1)
@@ -135,9 +158,15 @@ class HeadDrafter(Drafter):
         # a row can draft once the target's feature of every committed token but the last is known
         able = [r.max_tokens > 0 and len(r.sequence) >= 2 and len(self._rows[r.request_id].features) == len(r.sequence) - 1
                 for r in requests]
+        active = [i for i, ok in enumerate(able) if ok]
+        if self.tree_nodes:
+            trees: list[list[list[int]]] = [[] for _ in requests]
+            if active:
+                for i, paths in zip(active, self._draft_tree([requests[i] for i in active])):
+                    trees[i] = paths
+            return Draft.from_chains(trees, num_chains=self.max_candidates)
         chains: list[list[int]] = [[] for _ in requests]
         laws: list[list[torch.Tensor]] = [[] for _ in requests]
-        active = [i for i, ok in enumerate(able) if ok]
         if active:
             self._draft([requests[i] for i in active], [chains[i] for i in active], [laws[i] for i in active])
         tokens = Draft.from_chains([[c] for c in chains])
@@ -159,7 +188,8 @@ class HeadDrafter(Drafter):
         sequences = [list(r.sequence) for r in requests]
         predicted = self._sync(rows, sequences)  # [R, H]
         need = [r.max_tokens for r in requests]
-        extra = [(torch.zeros(*self._kv_shape[:1], 0, self._kv_shape[1], dtype=self.dtype),) * 2 for _ in rows]
+        empty = torch.zeros(self._kv_shape[0], 0, self._kv_shape[1], dtype=self.dtype)
+        drafted_k, drafted_v = [empty] * len(rows), [empty] * len(rows)
         for depth in range(max(need)):
             drawing = [depth < n for n in need]
             subset_logits = self.logits_of(predicted)  # [R, S]
@@ -180,9 +210,95 @@ class HeadDrafter(Drafter):
                         laws[r].append(law[r])
             if depth + 1 >= max(need):
                 break
-            starts = [len(seq) - 1 + depth for seq in sequences]  # the pair (predicted, drafted token)
+            # the pair (predicted feature, drafted token), seeing the chain's earlier pairs
+            positions = torch.tensor([[len(seq) - 1 + depth] for seq in sequences], dtype=torch.long)
             counts = [1 if depth + 1 < n else 0 for n in need]
-            out, k, v = self._run(rows, predicted.unsqueeze(1), tokens.unsqueeze(1), starts, counts, extra)
-            extra = [(torch.cat([e[0], k[r, :, :1]], dim=1), torch.cat([e[1], v[r, :, :1]], dim=1))
-                     for r, e in enumerate(extra)]
+            extra = [(dk, dv, torch.ones(1, dk.shape[1], dtype=torch.bool)) for dk, dv in zip(drafted_k, drafted_v)]
+            out, k, v = self._run(rows, predicted.unsqueeze(1), tokens.unsqueeze(1), positions, counts, extra)
+            drafted_k = [torch.cat([dk, k[r, :, :1]], dim=1) for r, dk in enumerate(drafted_k)]
+            drafted_v = [torch.cat([dv, v[r, :, :1]], dim=1) for r, dv in enumerate(drafted_v)]
             predicted = out[:, 0]
+
+    def _draft_tree(self, requests: list[DraftRequest]) -> list[list[list[int]]]:
+        """Per row, the root-to-leaf paths of its dynamic draft tree, most likely first."""
+        rows = [self._rows[r.request_id] for r in requests]
+        sequences = [list(r.sequence) for r in requests]
+        need = [r.max_tokens for r in requests]
+        top_k, hidden = self.tree_top_k, self.head.config.hidden_size
+        root = self._sync(rows, sequences)  # [R, H]: the feature the first draft tokens come from
+        nodes: list[list[_Node]] = [[] for _ in rows]
+        expanded: list[list[int]] = [[] for _ in rows]  # nodes whose pairs ran, in order
+
+        def best(features: torch.Tensor):
+            """The ``tree_top_k`` most likely tokens after each predicted feature ``[..., H]``: (log-probs,
+            vocabulary indices) as nested lists, for all nodes of a depth in one head call."""
+            scores = self.logits_of(features).float().log_softmax(-1).topk(min(top_k, len(self.vocab)))
+            return scores.values.tolist(), scores.indices.tolist()
+
+        def grow(r: int, parent: int, values: list[float], indices: list[int], base: float, depth: int) -> list[int]:
+            start = len(nodes[r])
+            nodes[r] += [_Node(int(self.vocab[i]), parent, depth, base + v) for v, i in zip(values, indices)]
+            return list(range(start, len(nodes[r])))
+
+        values, indices = best(root)
+        frontier = [grow(r, -1, values[r], indices[r], 0.0, 1) if need[r] >= 1 else [] for r in range(len(rows))]
+        for depth in range(2, max(need) + 1):
+            chosen = [sorted(f, key=lambda i, r=r: -nodes[r][i].score)[:top_k] if need[r] >= depth else []
+                      for r, f in enumerate(frontier)]
+            width = max(len(c) for c in chosen)
+            if not width:
+                break
+            features = torch.zeros(len(rows), width, hidden, dtype=self.dtype)
+            tokens = torch.zeros(len(rows), width, dtype=torch.long)
+            positions = torch.zeros(len(rows), width, dtype=torch.long)
+            extra = []
+            for r, picked in enumerate(chosen):
+                for j, i in enumerate(picked):
+                    node = nodes[r][i]
+                    features[r, j] = root[r] if node.parent < 0 else nodes[r][node.parent].feature
+                    tokens[r, j], positions[r, j] = node.token, len(sequences[r]) - 2 + node.depth
+                ran = expanded[r]
+                lines = [self._ancestors(nodes[r], i) for i in picked]
+                mask = torch.tensor([[a in line for a in ran] for line in lines], dtype=torch.bool)
+                mask = mask.reshape(len(picked), len(ran))
+                empty = torch.zeros(self._kv_shape[0], 0, self._kv_shape[1], dtype=self.dtype)
+                extra.append((torch.cat([nodes[r][a].key for a in ran], dim=1) if ran else empty,
+                              torch.cat([nodes[r][a].value for a in ran], dim=1) if ran else empty, mask))
+            out, k, v = self._run(rows, features, tokens, positions, [len(c) for c in chosen], extra)
+            values, indices = best(out)
+            for r, picked in enumerate(chosen):
+                frontier[r] = []
+                for j, i in enumerate(picked):
+                    node = nodes[r][i]
+                    node.feature, node.key, node.value = out[r, j], k[r, :, j:j + 1], v[r, :, j:j + 1]
+                    expanded[r].append(i)
+                    frontier[r] += grow(r, i, values[r][j], indices[r][j], node.score, depth)
+        return [self._paths(row_nodes, self.tree_nodes) for row_nodes in nodes]
+
+    @staticmethod
+    def _ancestors(nodes: list[_Node], index: int) -> set[int]:
+        out, parent = set(), nodes[index].parent
+        while parent >= 0:
+            out.add(parent)
+            parent = nodes[parent].parent
+        return out
+
+    @staticmethod
+    def _paths(nodes: list[_Node], budget: int) -> list[list[int]]:
+        """The ``budget`` most likely nodes (each with its parent: a tree), as root-to-leaf token paths,
+        most likely leaf first."""
+        kept: list[int] = []
+        for i in sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth)):
+            if len(kept) == budget:
+                break
+            if nodes[i].parent < 0 or nodes[i].parent in kept:
+                kept.append(i)
+        parents = {nodes[i].parent for i in kept}
+        paths = []
+        for leaf in (i for i in kept if i not in parents):
+            path, at = [], leaf
+            while at >= 0:
+                path.append(nodes[at].token)
+                at = nodes[at].parent
+            paths.append(path[::-1])
+        return paths

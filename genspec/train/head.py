@@ -161,8 +161,8 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
         optimizer.step()
         schedule.step()
         step += 1
-        entry = {"step": step, "loss": float(loss), "regression": float(regression),
-                 "classification": float(classification), "agreement": float(agree)}
+        entry = {"step": step, "loss": loss.item(), "regression": regression.item(),
+                 "classification": classification.item(), "agreement": agree.item()}
         log["loss"].append(entry)
         if progress is not None:
             progress(step, entry)
