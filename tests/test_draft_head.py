@@ -239,8 +239,10 @@ def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_d
             "--max-new-tokens", "16", "--vocab-size", "64", "--data", str(corpus)]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert "head written to" in err and "held out" in err
-    assert load_head(out)[3]["training_tokens"] > 0
+    assert "head written to" in err and "held-out acceptance" in err
+    info = load_head(out)[3]
+    assert info["training_tokens"] > 0 and 0.0 <= info["held_out_acceptance"]["first_token_acceptance"] <= 1.0
+    assert len(info["held_out_acceptance"]["acceptance_per_position"]) == 5
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "the cat sat", "--max-new-tokens", "12", "--json"]
     assert main(base + ["--drafter", "none"]) == 0
     import json
@@ -253,6 +255,12 @@ def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_d
 
     assert main(argv) == 2
     assert "exists and is not empty" in capsys.readouterr().err
+
+    # a resumed run reads the saved sequences (it never regenerates them) and trains on to --steps
+    (out / "sequences.json").write_text((out / "sequences.json").read_text().replace('"model"', '"model_"'))
+    assert main(argv[:argv.index("--steps") + 1] + ["9"] + argv[argv.index("--steps") + 2:] + ["--resume"]) == 0
+    capsys.readouterr()
+    assert len(load_head(out)[3]["log"]["loss"]) == 9 and "model_" in load_head(out)[3]
 
 
 @pytest.mark.parametrize("extra, message", [(["--steps", "0"], "--steps must be >= 1"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from genspec.errors import ConfigError, InputFileError
+from genspec.errors import ConfigError
 
 #: Spec-Bench prompts per category that training never uses (``genspec bench`` measures the first ones)
 BENCH_PROMPTS_EXCLUDED = 5
@@ -34,29 +34,45 @@ def add_parser(subparsers) -> None:
                         "still trains, teacher-forced")
     p.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary (most frequent output tokens)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sequences", metavar="FILE", help="reuse the training sequences of an earlier run "
+                   "(its sequences.json; skips the target's continuations)")
     p.add_argument("--resume", action="store_true", help="continue the training in --out")
     p.set_defaults(func=run_head)
 
 
-def _texts(paths: list[str]) -> list[str]:
-    import json
+def _sequences(args, target, out: Path, console, progress):
+    """The run's sequences: those saved in ``out`` (a resumed run), those of ``--sequences``, or new
+    ones (the target's continuations + ``--data``), saved in ``out`` before training starts."""
+    from genspec.bench.prompts import encode_prompt, load_spec_bench
+    from genspec.train.data import SEQUENCES, Sequences, collect_sequences, read_texts
 
-    texts = []
-    for path in paths:
-        try:
-            raw = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError as exc:
-            raise InputFileError(f"training data not found: {path}") from exc
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputFileError(f"cannot read {path} as UTF-8 text: {exc}") from exc
-        if path.endswith(".jsonl"):
-            try:
-                texts += [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InputFileError(f"{path}: expected one JSON object with a \"text\" field per line") from exc
-        else:
-            texts += [part for part in raw.split("\n\n") if part.strip()]
-    return texts
+    saved = out / SEQUENCES
+    if args.resume and saved.is_file():
+        return Sequences.load(saved)
+    if args.sequences:
+        data = Sequences.load(args.sequences)
+        if data.info.get("fingerprint") != _fingerprint(target):
+            raise ConfigError(f"the sequences in {args.sequences} were made by another model")
+    else:
+        texts = read_texts(args.data)
+        measured = {q.question_id for q in load_spec_bench(per_category=BENCH_PROMPTS_EXCLUDED)}
+        prompts = [p for p in load_spec_bench() if p.question_id not in measured][:args.prompts]
+        task = progress.add_task("target continuations", total=None)
+        data = collect_sequences(target, [encode_prompt(p.text, target.tokenizer) for p in prompts], texts,
+                                 args.max_new_tokens, args.max_prompt_tokens,
+                                 progress=lambda done, total: progress.update(task, completed=done, total=total))
+        data.info.update({"model": args.model or "embedded default", "prompts": len(prompts), "text_files": args.data,
+                          "fingerprint": _fingerprint(target)})
+    data.split(args.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    data.save(saved)
+    return data
+
+
+def _fingerprint(target) -> str:
+    from genspec.models.draft_head import target_fingerprint
+
+    return target_fingerprint(target)
 
 
 def run_head(args) -> int:
@@ -65,9 +81,9 @@ def run_head(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     import genspec
-    from genspec.bench.prompts import encode_prompt, load_spec_bench
-    from genspec.engine import SpeculativeEngine
+    from genspec.drafters.head import HeadDrafter
     from genspec.models.hf import HFCausalLM
+    from genspec.train.data import held_out_acceptance
     from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
 
     for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size"):
@@ -76,54 +92,51 @@ def run_head(args) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --resume")
-    texts = _texts(args.data)
+    if args.data and args.sequences:
+        raise ConfigError("--data and --sequences exclude each other (the sequences already hold their text)")
     console = Console(stderr=True)
     torch.manual_seed(args.seed)
     target = genspec.load_model(args.model)
     if not isinstance(target, HFCausalLM):
         raise ConfigError("genspec train head needs a Hugging Face model directory (it reads hidden states)")
-    measured = {q.question_id for q in load_spec_bench(per_category=BENCH_PROMPTS_EXCLUDED)}
-    prompts = [p for p in load_spec_bench() if p.question_id not in measured][:args.prompts]
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("target continuations", total=len(prompts))
-        engine = SpeculativeEngine(target, max_batch_size=16)
-        sequences = []
-        context = target.max_context or 1 << 30
-        encoded = sorted((encode_prompt(p.text, target.tokenizer) for p in prompts), key=len)  # less padding
-        limit = min(args.max_prompt_tokens, context - args.max_new_tokens)
-        continued, long_prompts = [e for e in encoded if len(e) <= limit], [e for e in encoded if len(e) > limit]
-        progress.update(task, total=len(continued))
-        for start in range(0, len(continued), 16):
-            batch = continued[start:start + 16]
-            results = engine.generate_ids(batch, max_new_tokens=args.max_new_tokens, temperature=0.0)
-            sequences += [prompt + r.token_ids for prompt, r in zip(batch, results)]
-            progress.advance(task, len(batch))
-        generated = sum(len(s) for s in sequences) - sum(len(e) for e in continued)
-        sequences += [e[:min(1024, context)] for e in long_prompts]
-        sequences += [target.tokenizer(text)["input_ids"][:min(1024, context)] for text in texts]
-        if len(sequences) < 2:
-            raise ConfigError("too little training data: no prompt fits the model's context and no --data given")
-        task = progress.add_task("target features", total=len(sequences))
-        data = record_features(target, sequences, progress=lambda n: progress.advance(task, n))
-        generator = torch.Generator().manual_seed(args.seed)
-        order = torch.randperm(len(data), generator=generator).tolist()
-        held = [data[i] for i in order[:max(1, len(data) // 10)]]
-        train = [data[i] for i in order[max(1, len(data) // 10):]]
-        vocab = choose_vocabulary([s.tolist() for s, _ in train], args.vocab_size, target.eos_token_ids)
+        data = _sequences(args, target, out, console, progress)
+        task = progress.add_task("target features", total=len(data.sequences))
+        features = record_features(target, data.sequences, progress=lambda n: progress.advance(task, n))
+        train = [features[i] for i in data.train]
+        held = [features[i] for i in data.held_out]
+        vocab = choose_vocabulary([data.sequences[i] for i in data.train], args.vocab_size, target.eos_token_ids)
         task = progress.add_task("training", total=args.steps)
         settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
         tokens = sum(len(f) for _, f in train)
         log = train_head(target, train, held, vocab, out, settings=settings, resume=args.resume,
                          progress=lambda step, entry: progress.update(
                              task, completed=step, description=f"training (loss {entry['loss']:.3f})"),
-                         info={"model": args.model or "embedded default", "prompts": len(prompts),
-                               "continued_prompts": len(continued), "generated_tokens": generated,
-                               "continuation_tokens": args.max_new_tokens, "text_files": args.data,
-                               "training_tokens": tokens, "sequences": len(train), "held_out_sequences": len(held)})
-    after = log["held_out_after"]
+                         info={**data.info, "training_tokens": tokens, "sequences": len(train),
+                               "held_out_sequences": len(held)})
+        progress.add_task("held-out acceptance", total=None)
+        measured = held_out_acceptance(target, HeadDrafter.for_target(target, str(out)), data.held_out_prompts()[:8])
+    _record(out, {"held_out_acceptance": measured})
     console.print(f"head written to {out}: {len(train)} sequences, {tokens} training tokens, {args.steps} steps in "
-                  f"{log['seconds'] / 60:.1f} min; held out: first draft token agrees with the target "
-                  f"{after['agreement']:.1%} of the time (before training {log['held_out_before']['agreement']:.1%})")
+                  f"{log['seconds'] / 60:.1f} min; held out: draft agrees with the target's top token "
+                  f"{log['held_out_after']['agreement']:.1%} of the time over the head's vocabulary (before training "
+                  f"{log['held_out_before']['agreement']:.1%})")
+    if measured:
+        console.print(f"held-out acceptance ({measured['prompts']} prompts, greedy, {measured['num_draft_tokens']} "
+                      f"draft tokens): first draft token {measured['first_token_acceptance']:.1%}, per position "
+                      + " ".join(f"{a:.2f}" for a in measured["acceptance_per_position"])
+                      + f"; {measured['mean_accepted_length']:.2f} tokens per target call")
     return 0
+
+
+def _record(out: Path, entries: dict) -> None:
+    """Add ``entries`` to the ``info`` of the saved speculator in ``out``."""
+    import json
+
+    from genspec.models.draft_head import HEAD_CONFIG
+
+    meta = json.loads((out / HEAD_CONFIG).read_text())
+    meta["info"].update(entries)
+    (out / HEAD_CONFIG).write_text(json.dumps(meta))

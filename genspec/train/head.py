@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from genspec.errors import ConfigError, InputFileError
-from genspec.models.draft_head import DraftHead, HeadConfig, save_head, target_fingerprint
+from genspec.models.draft_head import HEAD_CONFIG, DraftHead, HeadConfig, save_head, target_fingerprint
 
 #: the training state, beside the saved head in the output directory
 CHECKPOINT = "checkpoint.pt"
@@ -120,8 +120,8 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     resumable checkpoint every ``checkpoint_every`` steps) and returns the training log: loss per
     logged step, held-out figures before and after, time."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not resume:
-        raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --resume")
+    if not resume and ((out / CHECKPOINT).exists() or (out / HEAD_CONFIG).exists()):
+        raise ConfigError(f"{out} holds a trained head; choose another --out or pass --resume")
     if resume and not (out / CHECKPOINT).is_file():
         raise InputFileError(f"nothing to resume in {out} (no {CHECKPOINT})")
     torch.manual_seed(settings.seed)
