@@ -12,6 +12,7 @@ from genspec.drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
 from genspec.drafters.edit import EditDrafter
 from genspec.drafters.head import HeadDrafter
 from genspec.drafters.hybrid import HybridDrafter
+from genspec.drafters.medusa import MedusaDrafter
 from genspec.drafters.hierarchical import HierarchicalDrafter
 from genspec.drafters.lookahead import LookaheadDrafter
 from genspec.drafters.ngram_cache import NGramCacheDrafter
@@ -47,6 +48,7 @@ DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
     "lookahead": LookaheadDrafter.for_target,
     "head": HeadDrafter.for_target,
     "hybrid": HybridDrafter.for_target,
+    "medusa": MedusaDrafter.for_target,
 }
 
 

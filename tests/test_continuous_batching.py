@@ -14,9 +14,13 @@ from tiny_models import peaked, tiny_llama
 import genspec
 from genspec.datastore import RetrievalIndex
 from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
+from genspec.drafters.head import HeadDrafter
+from genspec.drafters.hybrid import HybridDrafter
+from genspec.drafters.medusa import MedusaDrafter
 from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.errors import ConfigError, ContextLengthError
 from genspec.models import HFCausalLM
+from genspec.models.draft_head import DraftHead, HeadConfig, MedusaConfig, MedusaHeads
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [10, 11, 12], [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4], [20, 21, 20, 21, 20],
            [30, 31, 32, 33, 30, 31], [40, 41]]
@@ -72,6 +76,17 @@ def _half_right(outputs: list[list[int]]) -> list[list[int]]:
             for o in outputs]
 
 
+_HEAD = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
+
+
+def _random(module):
+    """A trained speculator's stand-in: random weights (its drafts are sometimes right, often wrong)."""
+    torch.manual_seed(0)
+    for parameter in module.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+    return module.to(torch.float64)
+
+
 #: name -> (factory(target, reference outputs), per-request drafter options(reference outputs) or None)
 DRAFTERS = {
     "prompt-lookup": (lambda t, ref: PromptLookupDrafter(), None),
@@ -87,11 +102,18 @@ DRAFTERS = {
     "early-exit": (lambda t, ref: genspec.build_drafter("early-exit", t, exit_layer=1), None),
     "layer-skip": (lambda t, ref: genspec.build_drafter("layer-skip", t, skip=[1]), None),
     "hierarchical": (lambda t, ref: genspec.build_drafter("hierarchical", t, levels="prompt-lookup,early-exit"), None),
+    "head": (lambda t, ref: HeadDrafter(t, _random(DraftHead(_HEAD)), list(range(3, 64))), None),
+    "head-tree": (lambda t, ref: HeadDrafter(t, _random(DraftHead(_HEAD)), list(range(3, 64)), tree_nodes=6), None),
+    "medusa": (lambda t, ref: MedusaDrafter(t, _random(MedusaHeads(MedusaConfig(64, 3))), list(range(3, 64))), None),
+    "medusa-tree": (lambda t, ref: MedusaDrafter(t, _random(MedusaHeads(MedusaConfig(64, 3))), list(range(3, 64)),
+                                                 tree_nodes=6), None),
+    "hybrid": (lambda t, ref: HybridDrafter(PromptLookupDrafter(), HeadDrafter(t, _random(DraftHead(_HEAD)),
+                                                                                 list(range(3, 64)))), None),
 }
 
 
 #: drafters whose drafts the tiny target never accepts (the test is then rollback after every draft)
-UNLIKE = ("draft-model", "early-exit", "layer-skip")
+UNLIKE = ("draft-model", "early-exit", "layer-skip", "head", "head-tree")
 
 
 @pytest.mark.parametrize("name", list(DRAFTERS))

@@ -209,7 +209,7 @@ def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path):
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
 
     # --resume continues from the checkpoint; without it an existing directory is refused
-    with pytest.raises(ConfigError, match="exists"):
+    with pytest.raises(ConfigError, match="holds a trained speculator"):
         train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=settings)
     longer = TrainSettings(**{**settings.__dict__, "steps": 70})
     log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=longer, resume=True)
@@ -221,7 +221,7 @@ def test_a_head_for_another_model_or_no_head_is_a_clear_error(tmp_path, tiny_tar
     save_head(tmp_path / "other", _head(), list(range(64)), target_fingerprint(other))
     with pytest.raises(ConfigError, match="trained for another model"):
         HeadDrafter.for_target(tiny_target, path=str(tmp_path / "other"))
-    with pytest.raises(InputFileError, match="no draft head at"):
+    with pytest.raises(InputFileError, match="no trained head at"):
         HeadDrafter.for_target(tiny_target, path=str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match="needs a trained head"):
         HeadDrafter.for_target(tiny_target)

@@ -1,7 +1,8 @@
 """``genspec train KIND``: train a speculator for a model on this machine.
 
 - ``head``: an EAGLE-style draft head on the target's own features (:mod:`genspec.train.head`), used
-  with ``--drafter head -O path=DIR``.
+  with ``--drafter head -O path=DIR``;
+- ``medusa``: Medusa-1 heads on the target's last feature, used with ``--drafter medusa -O path=DIR``.
 
 Data: the target's own greedy continuations of Spec-Bench prompts that ``genspec bench`` never measures
 (from the 6th prompt of each category on; bench measures the first ``--num-prompts``, at most 5 are
@@ -17,27 +18,35 @@ from genspec.errors import ConfigError
 BENCH_PROMPTS_EXCLUDED = 5
 
 
+KINDS = {"head": "an EAGLE-style draft head on the target's own features (one decoder layer)",
+         "medusa": "Medusa-1 heads: K residual blocks on the target's last feature"}
+
+
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("train", help="train a speculator (a draft head) for a model on this machine")
+    parser = subparsers.add_parser("train", help="train a speculator (a draft head, Medusa heads) for a model here")
     sub = parser.add_subparsers(dest="kind", metavar="KIND", required=True)
-    p = sub.add_parser("head", help="an EAGLE-style draft head on the target's own features")
-    p.add_argument("--model", metavar="PATH", help="target model directory (default: the embedded model)")
-    p.add_argument("--out", required=True, metavar="DIR", help="where the head (and its checkpoint) go")
-    p.add_argument("--data", action="append", default=[], metavar="FILE",
-                   help="extra teacher-forced text (UTF-8 .txt, or .jsonl with a \"text\" field); repeatable")
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--prompts", type=int, default=415, help="Spec-Bench prompts used (at most 415 are not measured)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per continuation")
-    p.add_argument("--max-prompt-tokens", type=int, default=384,
-                   help="longer prompts are not continued (decoding after them is slow on a CPU); their text "
-                        "still trains, teacher-forced")
-    p.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary (most frequent output tokens)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sequences", metavar="FILE", help="reuse the training sequences of an earlier run "
-                   "(its sequences.json; skips the target's continuations)")
-    p.add_argument("--resume", action="store_true", help="continue the training in --out")
-    p.set_defaults(func=run_head)
+    for kind, text in KINDS.items():
+        p = sub.add_parser(kind, help=text)
+        p.add_argument("--model", metavar="PATH", help="target model directory (default: the embedded model)")
+        p.add_argument("--out", required=True, metavar="DIR", help="where the speculator (and its checkpoint) go")
+        p.add_argument("--data", action="append", default=[], metavar="FILE",
+                       help="extra teacher-forced text (UTF-8 .txt, or .jsonl with a \"text\" field); repeatable")
+        p.add_argument("--steps", type=int, default=2000)
+        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--prompts", type=int, default=415,
+                       help="Spec-Bench prompts used (at most 415 are not measured)")
+        p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per continuation")
+        p.add_argument("--max-prompt-tokens", type=int, default=384,
+                       help="longer prompts are not continued (decoding after them is slow on a CPU); their "
+                            "text still trains, teacher-forced")
+        p.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary (most frequent output tokens)")
+        if kind == "medusa":
+            p.add_argument("--num-heads", type=int, default=4, help="heads (the longest draft)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--sequences", metavar="FILE", help="reuse the training sequences of an earlier run "
+                       "(its sequences.json; skips the target's continuations)")
+        p.add_argument("--resume", action="store_true", help="continue the training in --out")
+        p.set_defaults(func=run)
 
 
 def _sequences(args, target, out: Path, console, progress):
@@ -75,19 +84,20 @@ def _fingerprint(target) -> str:
     return target_fingerprint(target)
 
 
-def run_head(args) -> int:
+def run(args) -> int:
     import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     import genspec
-    from genspec.drafters.head import HeadDrafter
+    from genspec.api import DRAFTERS
+    from genspec.models.draft_head import MedusaConfig
     from genspec.models.hf import HFCausalLM
     from genspec.train.data import held_out_acceptance
     from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
 
-    for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size"):
-        if getattr(args, name) < 1:
+    for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size", "num_heads"):
+        if getattr(args, name, 1) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.resume:
@@ -98,7 +108,7 @@ def run_head(args) -> int:
     torch.manual_seed(args.seed)
     target = genspec.load_model(args.model)
     if not isinstance(target, HFCausalLM):
-        raise ConfigError("genspec train head needs a Hugging Face model directory (it reads hidden states)")
+        raise ConfigError(f"genspec train {args.kind} needs a Hugging Face model directory (it reads hidden states)")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
@@ -111,15 +121,18 @@ def run_head(args) -> int:
         task = progress.add_task("training", total=args.steps)
         settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
         tokens = sum(len(f) for _, f in train)
-        log = train_head(target, train, held, vocab, out, settings=settings, resume=args.resume,
+        config = MedusaConfig(target.config.hidden_size, args.num_heads) if args.kind == "medusa" else None
+        log = train_head(target, train, held, vocab, out, config, settings=settings, resume=args.resume, kind=args.kind,
                          progress=lambda step, entry: progress.update(
                              task, completed=step, description=f"training (loss {entry['loss']:.3f})"),
                          info={**data.info, "training_tokens": tokens, "sequences": len(train),
                                "held_out_sequences": len(held)})
         progress.add_task("held-out acceptance", total=None)
-        measured = held_out_acceptance(target, HeadDrafter.for_target(target, str(out)), data.held_out_prompts()[:8])
+        drafter = DRAFTERS[args.kind](target, path=str(out))
+        measured = held_out_acceptance(target, drafter, data.held_out_prompts()[:8],
+                                       num_draft_tokens=min(5, getattr(args, "num_heads", 5)))
     _record(out, {"held_out_acceptance": measured})
-    console.print(f"head written to {out}: {len(train)} sequences, {tokens} training tokens, {args.steps} steps in "
+    console.print(f"{args.kind} written to {out}: {len(train)} sequences, {tokens} training tokens, {args.steps} steps in "
                   f"{log['seconds'] / 60:.1f} min; held out: draft agrees with the target's top token "
                   f"{log['held_out_after']['agreement']:.1%} of the time over the head's vocabulary (before training "
                   f"{log['held_out_before']['agreement']:.1%})")

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from genspec.acceptance import sample_with_uniforms
-from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext, request_uniforms
+from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
+from genspec.drafters.trained import TreeNode, ancestors, best_paths, chains_draft, draw, load_for_target
 from genspec.errors import ConfigError
-from genspec.models.draft_head import DraftHead, load_head, target_fingerprint
-from genspec.sampling import process_logits, seen_mask
+from genspec.models.draft_head import DraftHead
 
 
 class _Row:
@@ -33,17 +32,6 @@ class _Row:
     @property
     def cached(self) -> int:
         return int(self.keys.shape[1])
-
-
-class _Node:
-    """A node of a draft tree: its token, parent (-1: a child of the last committed token), depth,
-    cumulative draft log-probability, and once expanded its predicted feature and its pair's key / value."""
-
-    __slots__ = ("token", "parent", "depth", "score", "feature", "key", "value")
-
-    def __init__(self, token: int, parent: int, depth: int, score: float):
-        self.token, self.parent, self.depth, self.score = token, parent, depth, score
-        self.feature = self.key = self.value = None
 
 
 class HeadDrafter(Drafter):
@@ -75,19 +63,7 @@ class HeadDrafter(Drafter):
 
     @classmethod
     def for_target(cls, target, path: str | None = None, tree_nodes: int = 0, tree_top_k: int = 4) -> "HeadDrafter":
-        from genspec.models.hf import HFCausalLM
-
-        if not isinstance(target, HFCausalLM):
-            raise ConfigError("drafter 'head' needs a Hugging Face target model: it reads the target's hidden states")
-        if path is None:
-            raise ConfigError("drafter 'head' needs a trained head: -O path=DIR (genspec train head writes one)")
-        head, vocab_ids, fingerprint, _ = load_head(path)
-        if fingerprint != target_fingerprint(target):
-            raise ConfigError(f"the draft head at {path} was trained for another model (fingerprint {fingerprint}, "
-                              f"this model's is {target_fingerprint(target)}); train one for it with genspec train head")
-        if head.config.hidden_size != target.config.hidden_size:
-            raise ConfigError(f"the draft head at {path} expects hidden size {head.config.hidden_size}, the model has "
-                              f"{target.config.hidden_size}")
+        head, vocab_ids = load_for_target(target, path, "head")
         return cls(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k)
 
     # --------------------------------------------------------------- life cycle
@@ -169,22 +145,13 @@ class HeadDrafter(Drafter):
         laws: list[list[torch.Tensor]] = [[] for _ in requests]
         if active:
             self._draft([requests[i] for i in active], [chains[i] for i in active], [laws[i] for i in active])
-        tokens = Draft.from_chains([[c] for c in chains])
-        if not any(laws):
-            return tokens
-        probs = torch.zeros(len(requests), 1, tokens.width, self.vocab_size, dtype=laws[active[0]][0].dtype)
-        for i, row_laws in enumerate(laws):
-            if row_laws:
-                probs[i, 0, :len(row_laws)] = torch.stack(row_laws)
-        return Draft(tokens.tokens, tokens.lengths, probs)
+        return chains_draft(chains, laws, self.vocab_size)
 
     def _draft(self, requests: list[DraftRequest], chains: list[list[int]], laws: list[list[torch.Tensor]]) -> None:
         """Fill ``chains`` (and, for a sampled batch, ``laws``) for rows that can draft."""
         rows = [self._rows[r.request_id] for r in requests]
         contexts = [row.context for row in rows]
-        sampling = [c.sampling for c in contexts]
-        keep_laws = not all(s.greedy for s in sampling)
-        penalised = any(s.repetition_penalty != 1.0 for s in sampling)
+        keep_laws = not all(c.sampling.greedy for c in contexts)
         sequences = [list(r.sequence) for r in requests]
         predicted = self._sync(rows, sequences)  # [R, H]
         need = [r.max_tokens for r in requests]
@@ -192,17 +159,8 @@ class HeadDrafter(Drafter):
         drafted_k, drafted_v = [empty] * len(rows), [empty] * len(rows)
         for depth in range(max(need)):
             drawing = [depth < n for n in need]
-            subset_logits = self.logits_of(predicted)  # [R, S]
-            if keep_laws or penalised:
-                logits = subset_logits.new_full((len(rows), self.vocab_size), -torch.inf)
-                logits[:, self.vocab] = subset_logits
-                seen = seen_mask([s + c for s, c in zip(sequences, chains)], self.vocab_size) if penalised else None
-                law = process_logits(logits, sampling, seen)
-                greedy = torch.tensor([s.greedy for s in sampling])
-                uniforms = request_uniforms(contexts, 1, drawing)[:, 0]
-                tokens = torch.where(greedy, law.argmax(-1), sample_with_uniforms(law, uniforms))
-            else:
-                law, tokens = None, self.vocab[subset_logits.argmax(-1)]
+            law, tokens = draw(self.logits_of(predicted), self.vocab, self.vocab_size, contexts,
+                               [s + c for s, c in zip(sequences, chains)], drawing)
             for r in range(len(rows)):
                 if drawing[r]:
                     chains[r].append(int(tokens[r]))
@@ -226,7 +184,7 @@ class HeadDrafter(Drafter):
         need = [r.max_tokens for r in requests]
         top_k, hidden = self.tree_top_k, self.head.config.hidden_size
         root = self._sync(rows, sequences)  # [R, H]: the feature the first draft tokens come from
-        nodes: list[list[_Node]] = [[] for _ in rows]
+        nodes: list[list[TreeNode]] = [[] for _ in rows]
         expanded: list[list[int]] = [[] for _ in rows]  # nodes whose pairs ran, in order
 
         def best(features: torch.Tensor):
@@ -237,7 +195,7 @@ class HeadDrafter(Drafter):
 
         def grow(r: int, parent: int, values: list[float], indices: list[int], base: float, depth: int) -> list[int]:
             start = len(nodes[r])
-            nodes[r] += [_Node(int(self.vocab[i]), parent, depth, base + v) for v, i in zip(values, indices)]
+            nodes[r] += [TreeNode(int(self.vocab[i]), parent, depth, base + v) for v, i in zip(values, indices)]
             return list(range(start, len(nodes[r])))
 
         values, indices = best(root)
@@ -255,50 +213,22 @@ class HeadDrafter(Drafter):
             for r, picked in enumerate(chosen):
                 for j, i in enumerate(picked):
                     node = nodes[r][i]
-                    features[r, j] = root[r] if node.parent < 0 else nodes[r][node.parent].feature
+                    features[r, j] = root[r] if node.parent < 0 else nodes[r][node.parent].state[0]
                     tokens[r, j], positions[r, j] = node.token, len(sequences[r]) - 2 + node.depth
                 ran = expanded[r]
-                lines = [self._ancestors(nodes[r], i) for i in picked]
+                lines = [ancestors(nodes[r], i) for i in picked]
                 mask = torch.tensor([[a in line for a in ran] for line in lines], dtype=torch.bool)
                 mask = mask.reshape(len(picked), len(ran))
                 empty = torch.zeros(self._kv_shape[0], 0, self._kv_shape[1], dtype=self.dtype)
-                extra.append((torch.cat([nodes[r][a].key for a in ran], dim=1) if ran else empty,
-                              torch.cat([nodes[r][a].value for a in ran], dim=1) if ran else empty, mask))
+                extra.append((torch.cat([nodes[r][a].state[1] for a in ran], dim=1) if ran else empty,
+                              torch.cat([nodes[r][a].state[2] for a in ran], dim=1) if ran else empty, mask))
             out, k, v = self._run(rows, features, tokens, positions, [len(c) for c in chosen], extra)
             values, indices = best(out)
             for r, picked in enumerate(chosen):
                 frontier[r] = []
                 for j, i in enumerate(picked):
                     node = nodes[r][i]
-                    node.feature, node.key, node.value = out[r, j], k[r, :, j:j + 1], v[r, :, j:j + 1]
+                    node.state = (out[r, j], k[r, :, j:j + 1], v[r, :, j:j + 1])  # predicted feature, key, value
                     expanded[r].append(i)
                     frontier[r] += grow(r, i, values[r][j], indices[r][j], node.score, depth)
-        return [self._paths(row_nodes, self.tree_nodes) for row_nodes in nodes]
-
-    @staticmethod
-    def _ancestors(nodes: list[_Node], index: int) -> set[int]:
-        out, parent = set(), nodes[index].parent
-        while parent >= 0:
-            out.add(parent)
-            parent = nodes[parent].parent
-        return out
-
-    @staticmethod
-    def _paths(nodes: list[_Node], budget: int) -> list[list[int]]:
-        """The ``budget`` most likely nodes (each with its parent: a tree), as root-to-leaf token paths,
-        most likely leaf first."""
-        kept: list[int] = []
-        for i in sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth)):
-            if len(kept) == budget:
-                break
-            if nodes[i].parent < 0 or nodes[i].parent in kept:
-                kept.append(i)
-        parents = {nodes[i].parent for i in kept}
-        paths = []
-        for leaf in (i for i in kept if i not in parents):
-            path, at = [], leaf
-            while at >= 0:
-                path.append(nodes[at].token)
-                at = nodes[at].parent
-            paths.append(path[::-1])
-        return paths
+        return [best_paths(row_nodes, self.tree_nodes) for row_nodes in nodes]

@@ -51,6 +51,8 @@ class DraftHead(nn.Module):
     """The network. ``forward`` runs whole sequences (training); the drafter runs
     :meth:`inputs` -> :meth:`project` -> its own cached attention -> :meth:`finish`."""
 
+    kind = "head"
+
     def __init__(self, config: HeadConfig):
         super().__init__()
         self.config = config
@@ -107,6 +109,42 @@ class DraftHead(nn.Module):
         return self.finish(x, self.attend(q, k, v, None))
 
 
+@dataclass(frozen=True)
+class MedusaConfig:
+    """Medusa-1 heads: ``num_heads`` residual blocks on the target's last feature; block j predicts the
+    feature whose token comes j + 1 positions after the target's own next token."""
+
+    hidden_size: int
+    num_heads: int = 4
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class MedusaHeads(nn.Module):
+    """K independent heads (Medusa-1, Cai et al. 2024): each a residual block x + SiLU(W x) whose output
+    goes through the target's own (truncated) output layer. W starts at zero, so each head starts as
+    "the target's next token again". Unlike the draft head they never see the tokens they draft."""
+
+    kind = "medusa"
+
+    def __init__(self, config: MedusaConfig):
+        super().__init__()
+        self.config = config
+        self.blocks = nn.ModuleList(nn.Linear(config.hidden_size, config.hidden_size) for _ in range(config.num_heads))
+        for block in self.blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """Predicted features ``[..., K, H]`` from the target's features ``[..., H]``."""
+        return torch.stack([features + nn.functional.silu(block(features)) for block in self.blocks], dim=-2)
+
+
+#: the speculator kinds a saved directory may hold, by the ``kind`` in its head.json
+KINDS = {"head": (DraftHead, HeadConfig), "medusa": (MedusaHeads, MedusaConfig)}
+
+
 def target_fingerprint(target) -> str:
     """A short hash of what a head depends on in its target: its shapes and the signs of 64 rows of its
     LM head (a head trained for another model is refused; the same weights in another dtype pass)."""
@@ -122,7 +160,7 @@ def target_fingerprint(target) -> str:
 HEAD_CONFIG, HEAD_WEIGHTS = "head.json", "head.safetensors"
 
 
-def save_head(directory, head: DraftHead, vocab_ids: list[int], fingerprint: str, info: dict | None = None) -> None:
+def save_head(directory, head: "DraftHead | MedusaHeads", vocab_ids: list[int], fingerprint: str, info: dict | None = None) -> None:
     """Write ``head`` to ``directory``: its shape, draft vocabulary, target fingerprint and ``info``
     (how it was trained) in head.json, its weights in head.safetensors."""
     import json
@@ -133,27 +171,35 @@ def save_head(directory, head: DraftHead, vocab_ids: list[int], fingerprint: str
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(directory / HEAD_WEIGHTS))
-    (directory / HEAD_CONFIG).write_text(json.dumps({"config": head.config.as_dict(), "fingerprint": fingerprint,
+    (directory / HEAD_CONFIG).write_text(json.dumps({"kind": head.kind, "config": head.config.as_dict(),
+                                                     "fingerprint": fingerprint,
                                                      "vocab_ids": list(map(int, vocab_ids)), "info": info or {}}))
 
 
-def load_head(directory) -> tuple[DraftHead, list[int], str, dict]:
-    """``(head, vocab_ids, fingerprint, info)`` of a directory written by :func:`save_head`."""
+def load_head(directory, kind: str = "head") -> tuple["DraftHead | MedusaHeads", list[int], str, dict]:
+    """``(head, vocab_ids, fingerprint, info)`` of a directory written by :func:`save_head`, which must
+    hold a speculator of ``kind``."""
     import json
     from pathlib import Path
 
     from safetensors.torch import load_file
 
-    from genspec.errors import InputFileError
+    from genspec.errors import ConfigError, InputFileError
 
     directory = Path(directory)
     if not (directory / HEAD_CONFIG).is_file() or not (directory / HEAD_WEIGHTS).is_file():
-        raise InputFileError(f"no draft head at {directory}: expected {HEAD_CONFIG} and {HEAD_WEIGHTS} "
-                             "(written by genspec train head)")
+        raise InputFileError(f"no trained {kind} at {directory}: expected {HEAD_CONFIG} and {HEAD_WEIGHTS} "
+                             f"(written by genspec train {kind})")
     try:
         meta = json.loads((directory / HEAD_CONFIG).read_text())
-        head = DraftHead(HeadConfig(**meta["config"]))
+        saved = meta.get("kind", "head")
+        if saved != kind:
+            raise ConfigError(f"{directory} holds a trained {saved}, not a {kind}: use --drafter {saved}")
+        module, config = KINDS[kind]
+        head = module(config(**meta["config"]))
         head.load_state_dict(load_file(str(directory / HEAD_WEIGHTS)))
+    except ConfigError:
+        raise
     except (ValueError, KeyError, TypeError, RuntimeError, OSError) as exc:
-        raise InputFileError(f"cannot read the draft head at {directory}: {str(exc).splitlines()[0]}") from exc
+        raise InputFileError(f"cannot read the trained {kind} at {directory}: {str(exc).splitlines()[0]}") from exc
     return head.eval(), meta["vocab_ids"], meta["fingerprint"], meta.get("info", {})

@@ -1,4 +1,4 @@
-"""Training a draft head (:mod:`genspec.models.draft_head`) on the target's own features.
+"""Training a draft head or Medusa heads (:mod:`genspec.models.draft_head`) on the target's own features.
 
 Data: token sequences (the target's own continuations of prompts the benchmark never measures, and
 teacher-forced text); the target runs over each once and its features (the LM head's inputs) are kept.
@@ -7,6 +7,9 @@ to the true f_{i+1} plus 0.1 x the cross-entropy of the head's draft law against
 i + 1, both over the head's vocabulary (the target's logits of the true f_{i+1} through the same rows
 of its output layer). Uniform noise on the input features (EAGLE's) teaches the head to draft from
 its own imperfect predictions.
+
+Medusa heads (:func:`medusa_loss`): head j, from feature f_i, learns the target's law at i + 2 + j
+(self-distillation: the cross-entropy against the law of the true f_{i+1+j}), weighted 0.8^j as in Medusa.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from pathlib import Path
 import torch
 
 from genspec.errors import ConfigError, InputFileError
-from genspec.models.draft_head import HEAD_CONFIG, DraftHead, HeadConfig, save_head, target_fingerprint
+from genspec.models.draft_head import HEAD_CONFIG, KINDS, DraftHead, MedusaHeads, save_head, target_fingerprint
 
 #: the training state, beside the saved head in the output directory
 CHECKPOINT = "checkpoint.pt"
@@ -100,6 +103,32 @@ def head_loss(head: DraftHead, logits_of, embed, tokens: torch.Tensor, features:
     return regression + settings.classification_weight * classification, regression, classification, agree
 
 
+def medusa_loss(heads: MedusaHeads, logits_of, embed, tokens: torch.Tensor, features: torch.Tensor,
+                mask: torch.Tensor, settings: TrainSettings, generator: torch.Generator | None = None):
+    """Like :func:`head_loss` for Medusa heads (no regression, exact input features): the weighted sum
+    of the heads' cross-entropies; the classification and agreement reported are head 0's."""
+    n = features.shape[1]
+    predicted = heads(features[:, :-1])  # [B, n - 1, K, H]: from f_0..f_{n-2}
+    total = features.new_zeros(())
+    first = agree = features.new_zeros(())
+    for j in range(min(heads.config.num_heads, n - 1)):
+        draft = logits_of(predicted[:, :n - 1 - j, j]).float().log_softmax(-1)
+        with torch.no_grad():
+            teacher = logits_of(features[:, 1 + j:]).float()  # the target's law j + 1 positions on
+        weight = mask[:, j:].to(draft.dtype)
+        pairs = weight.sum().clamp(min=1)
+        entropy = (-(teacher.softmax(-1) * draft).sum(-1) * weight).sum() / pairs
+        total = total + 0.8 ** j * entropy
+        if j == 0:
+            first = entropy
+            agree = ((draft.argmax(-1) == teacher.argmax(-1)).to(weight.dtype) * weight).sum() / pairs
+    return total, features.new_zeros(()), first, agree
+
+
+#: the loss of each kind
+LOSSES = {"head": head_loss, "medusa": medusa_loss}
+
+
 def _batch(pieces, indices):
     n = max(len(pieces[i][1]) for i in indices)
     hidden = pieces[indices[0]][1].shape[-1]
@@ -113,20 +142,23 @@ def _batch(pieces, indices):
 
 
 def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out: list[tuple[torch.Tensor, torch.Tensor]],
-               vocab_ids: list[int], out: str | Path, config: HeadConfig | None = None,
-               settings: TrainSettings = TrainSettings(), resume: bool = False,
-               progress: Callable[[int, dict], None] | None = None, info: dict | None = None) -> dict:
-    """Train a head on recorded features (:func:`record_features`); saves it to ``out`` (with a
-    resumable checkpoint every ``checkpoint_every`` steps) and returns the training log: loss per
-    logged step, held-out figures before and after, time."""
+               vocab_ids: list[int], out: str | Path, config=None, settings: TrainSettings = TrainSettings(),
+               resume: bool = False, progress: Callable[[int, dict], None] | None = None, info: dict | None = None,
+               kind: str = "head") -> dict:
+    """Train a speculator of ``kind`` ("head" or "medusa"; ``config`` its shape, default the kind's
+    own) on recorded features (:func:`record_features`); saves it to ``out`` (with a resumable
+    checkpoint every ``checkpoint_every`` steps) and returns the training log: loss per step, held-out
+    figures before and after, time."""
     out = Path(out)
     if not resume and ((out / CHECKPOINT).exists() or (out / HEAD_CONFIG).exists()):
-        raise ConfigError(f"{out} holds a trained head; choose another --out or pass --resume")
+        raise ConfigError(f"{out} holds a trained speculator; choose another --out or pass --resume")
     if resume and not (out / CHECKPOINT).is_file():
         raise InputFileError(f"nothing to resume in {out} (no {CHECKPOINT})")
     torch.manual_seed(settings.seed)
-    config = config or HeadConfig(hidden_size=target.config.hidden_size)
-    head = DraftHead(config).to(torch.float32).train()
+    module, config_class = KINDS[kind]
+    config = config or config_class(hidden_size=target.config.hidden_size)
+    head = module(config).to(torch.float32).train()
+    loss_of = LOSSES[kind]
     vocab = torch.as_tensor(vocab_ids, dtype=torch.long)
     logits_of = target.subset_head(vocab)
     embed = target.model.get_input_embeddings()
@@ -147,14 +179,14 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     if not pieces:
         raise ConfigError("no training data: every sequence is shorter than 3 tokens")
     if "held_out_before" not in log:
-        log["held_out_before"] = evaluate(head, logits_of, embed, held, settings)
+        log["held_out_before"] = evaluate(head, logits_of, embed, held, settings, loss_of)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter() - log["seconds"]
     while step < settings.steps:
         order = torch.randint(len(pieces), (settings.batch_size,), generator=generator).tolist()
         tokens, features, mask = _batch(pieces, order)
-        loss, regression, classification, agree = head_loss(head, logits_of, embed, tokens, features, mask,
-                                                             settings, generator)
+        loss, regression, classification, agree = loss_of(head, logits_of, embed, tokens, features, mask,
+                                                           settings, generator)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -170,14 +202,15 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
             log["seconds"] = time.perf_counter() - started
             torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
                         "generator": generator.get_state(), "step": step, "log": log}, out / CHECKPOINT)
-    log["held_out_after"] = evaluate(head, logits_of, embed, held, settings)
+    log["held_out_after"] = evaluate(head, logits_of, embed, held, settings, loss_of)
     log["seconds"] = time.perf_counter() - started
     save_head(out, head.eval(), vocab_ids, target_fingerprint(target), {**(info or {}), "log": log})
     return log
 
 
 @torch.no_grad()
-def evaluate(head: DraftHead, logits_of, embed, pieces, settings: TrainSettings, batch_size: int = 16) -> dict:
+def evaluate(head: DraftHead | MedusaHeads, logits_of, embed, pieces, settings: TrainSettings,
+             loss_of=head_loss, batch_size: int = 16) -> dict:
     """Held-out loss and first-token agreement (draft argmax = target argmax, over the head's vocabulary)."""
     if not pieces:
         return {}
@@ -187,7 +220,7 @@ def evaluate(head: DraftHead, logits_of, embed, pieces, settings: TrainSettings,
     quiet = TrainSettings(**{**asdict(settings), "noise": 0.0})
     for start in range(0, len(pieces), batch_size):
         tokens, features, mask = _batch(pieces, list(range(start, min(start + batch_size, len(pieces)))))
-        loss, _, _, agree = head_loss(head, logits_of, embed, tokens, features, mask, quiet)
+        loss, _, _, agree = loss_of(head, logits_of, embed, tokens, features, mask, quiet)
         pairs = int(mask.sum())
         totals["loss"] += float(loss) * pairs
         totals["agreement"] += float(agree) * pairs

@@ -1,0 +1,112 @@
+"""What the drafters on the target's own features (``head``, ``medusa``) share: drawing a draft token
+from a law over a truncated vocabulary, and draft trees chosen by cumulative draft probability."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from genspec.acceptance import sample_with_uniforms
+from genspec.drafters.base import Draft, RequestContext, request_uniforms
+from genspec.errors import ConfigError
+from genspec.sampling import process_logits, seen_mask
+
+
+def draw(subset_logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, contexts: list[RequestContext],
+         previous: list[list[int]], drawing: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One draft token per row from logits ``[R, S]`` over the vocabulary ``vocab`` (token ids): the
+    argmax for a greedy batch without penalties (no law needed); otherwise the full-vocabulary law after
+    the request's own processing (one ``process_logits``, as the target's), sampled with the request's
+    uniforms, and returned so the verifier can apply the standard rule. ``previous``: each row's tokens
+    so far (for the repetition penalty); ``drawing``: which rows draw (their random streams advance)."""
+    sampling = [c.sampling for c in contexts]
+    penalised = any(s.repetition_penalty != 1.0 for s in sampling)
+    if all(s.greedy for s in sampling) and not penalised:
+        return None, vocab[subset_logits.argmax(-1)]
+    logits = subset_logits.new_full((len(contexts), vocab_size), -torch.inf)
+    logits[:, vocab] = subset_logits
+    law = process_logits(logits, sampling, seen_mask(previous, vocab_size) if penalised else None)
+    greedy = torch.tensor([s.greedy for s in sampling])
+    uniforms = request_uniforms(contexts, 1, drawing)[:, 0]
+    return law, torch.where(greedy, law.argmax(-1), sample_with_uniforms(law, uniforms))
+
+
+def chains_draft(chains: list[list[int]], laws: list[list[torch.Tensor]], vocab_size: int) -> Draft:
+    """One chain per row, with its draft laws when it was sampled (``laws[r]`` empty: deterministic)."""
+    tokens = Draft.from_chains([[c] for c in chains])
+    if not any(laws):
+        return tokens
+    dtype = next(law for row in laws for law in row).dtype
+    probs = torch.zeros(len(chains), 1, tokens.width, vocab_size, dtype=dtype)
+    for r, row_laws in enumerate(laws):
+        if row_laws:
+            probs[r, 0, :len(row_laws)] = torch.stack(row_laws)
+    return Draft(tokens.tokens, tokens.lengths, probs)
+
+
+class TreeNode:
+    """A node of a draft tree: its token, parent (-1: a child of the last committed token), depth,
+    cumulative draft log-probability, and what the drafter keeps to expand it (``state``)."""
+
+    __slots__ = ("token", "parent", "depth", "score", "state")
+
+    def __init__(self, token: int, parent: int, depth: int, score: float):
+        self.token, self.parent, self.depth, self.score = token, parent, depth, score
+        self.state = None
+
+
+def ancestors(nodes: list[TreeNode], index: int) -> set[int]:
+    out, parent = set(), nodes[index].parent
+    while parent >= 0:
+        out.add(parent)
+        parent = nodes[parent].parent
+    return out
+
+
+def best_paths(nodes: list[TreeNode], budget: int) -> list[list[int]]:
+    """The ``budget`` most likely nodes (each kept with its parent: a tree), as root-to-leaf token
+    paths, most likely leaf first."""
+    kept: list[int] = []
+    for i in sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth)):
+        if len(kept) == budget:
+            break
+        if nodes[i].parent < 0 or nodes[i].parent in kept:
+            kept.append(i)
+    parents = {nodes[i].parent for i in kept}
+    paths = []
+    for leaf in (i for i in kept if i not in parents):
+        path, at = [], leaf
+        while at >= 0:
+            path.append(nodes[at].token)
+            at = nodes[at].parent
+        paths.append(path[::-1])
+    return paths
+
+
+#: speculators shipped with the package for the embedded default model, one directory per kind
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "speculators"
+
+
+def load_for_target(target, path: str | None, kind: str):
+    """``(module, vocab_ids)`` of the trained ``kind`` at ``path`` (default: the one shipped for the
+    embedded model), checked against ``target`` by its fingerprint."""
+    from genspec.models.draft_head import load_head, target_fingerprint
+    from genspec.models.hf import HFCausalLM
+
+    if not isinstance(target, HFCausalLM):
+        raise ConfigError(f"drafter {kind!r} needs a Hugging Face target model: it reads the target's hidden states")
+    fingerprint = target_fingerprint(target)
+    if path is None:
+        shipped = SHIPPED / kind
+        if not shipped.is_dir() or load_head(shipped, kind)[2] != fingerprint:
+            raise ConfigError(f"drafter {kind!r} needs a trained {kind} for this model: -O path=DIR "
+                              f"(genspec train {kind} writes one; the package ships one for the embedded model only)")
+        path = str(shipped)
+    module, vocab_ids, saved, _ = load_head(path, kind)
+    if saved != fingerprint:
+        raise ConfigError(f"the {kind} at {path} was trained for another model (fingerprint {saved}, this model's "
+                          f"is {fingerprint}); train one for it with genspec train {kind}")
+    if module.config.hidden_size != target.config.hidden_size:
+        raise ConfigError(f"the {kind} at {path} expects hidden size {module.config.hidden_size}, the model has "
+                          f"{target.config.hidden_size}")
+    return module, vocab_ids
