@@ -130,6 +130,7 @@ def test_genspec_train_medusa_then_generate_with_it(capsys, tmp_path, tiny_model
     err = capsys.readouterr().err
     assert "medusa written to" in err and "held-out acceptance" in err
     assert load_head(out, "medusa")[0].config.num_heads == 3
+    assert (out / "training_curve.png").stat().st_size > 1000 and (out / "sequences.json").is_file()
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "the cat sat", "--max-new-tokens", "12", "--json"]
     assert main(base + ["--drafter", "none"]) == 0
     plain = json.loads(capsys.readouterr().out)

@@ -95,6 +95,7 @@ def run(args) -> int:
     from genspec.models.hf import HFCausalLM
     from genspec.train.data import held_out_acceptance
     from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
+    from genspec.train.plots import training_curve
 
     for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size", "num_heads"):
         if getattr(args, name, 1) < 1:
@@ -132,6 +133,8 @@ def run(args) -> int:
         measured = held_out_acceptance(target, drafter, data.held_out_prompts()[:8],
                                        num_draft_tokens=min(5, getattr(args, "num_heads", 5)))
     _record(out, {"held_out_acceptance": measured})
+    training_curve(log, out / "training_curve.png",
+                   f"genspec train {args.kind}: {tokens} training tokens, {args.steps} steps, {log['seconds'] / 60:.0f} min")
     console.print(f"{args.kind} written to {out}: {len(train)} sequences, {tokens} training tokens, {args.steps} steps in "
                   f"{log['seconds'] / 60:.1f} min; held out: draft agrees with the target's top token "
                   f"{log['held_out_after']['agreement']:.1%} of the time over the head's vocabulary (before training "

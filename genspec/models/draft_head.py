@@ -170,7 +170,10 @@ def save_head(directory, head: "DraftHead | MedusaHeads", vocab_ids: list[int], 
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(directory / HEAD_WEIGHTS))
+    # float16 on disk: half the size (the shipped head: 6.6 MB instead of 13) and no measurable change in
+    # its drafts; the head runs in the target's dtype whatever it was stored in
+    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in head.state_dict().items()},
+              str(directory / HEAD_WEIGHTS))
     (directory / HEAD_CONFIG).write_text(json.dumps({"kind": head.kind, "config": head.config.as_dict(),
                                                      "fingerprint": fingerprint,
                                                      "vocab_ids": list(map(int, vocab_ids)), "info": info or {}}))

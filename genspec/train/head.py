@@ -109,15 +109,16 @@ def medusa_loss(heads: MedusaHeads, logits_of, embed, tokens: torch.Tensor, feat
     of the heads' cross-entropies; the classification and agreement reported are head 0's."""
     n = features.shape[1]
     predicted = heads(features[:, :-1])  # [B, n - 1, K, H]: from f_0..f_{n-2}
+    with torch.no_grad():
+        laws = logits_of(features[:, 1:]).float().softmax(-1)  # the target's law at f_1..f_{n-1}, once for all heads
     total = features.new_zeros(())
     first = agree = features.new_zeros(())
     for j in range(min(heads.config.num_heads, n - 1)):
         draft = logits_of(predicted[:, :n - 1 - j, j]).float().log_softmax(-1)
-        with torch.no_grad():
-            teacher = logits_of(features[:, 1 + j:]).float()  # the target's law j + 1 positions on
+        teacher = laws[:, j:]  # head j's: the law j + 1 positions after its feature's
         weight = mask[:, j:].to(draft.dtype)
         pairs = weight.sum().clamp(min=1)
-        entropy = (-(teacher.softmax(-1) * draft).sum(-1) * weight).sum() / pairs
+        entropy = (-(teacher * draft).sum(-1) * weight).sum() / pairs
         total = total + 0.8 ** j * entropy
         if j == 0:
             first = entropy
