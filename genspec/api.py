@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from genspec.drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
 from genspec.drafters.edit import EditDrafter
 from genspec.drafters.head import HeadDrafter
+from genspec.drafters.distilled import DistilledDrafter
 from genspec.drafters.hybrid import HybridDrafter
 from genspec.drafters.medusa import MedusaDrafter
 from genspec.drafters.hierarchical import HierarchicalDrafter
@@ -49,6 +50,7 @@ DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
     "head": HeadDrafter.for_target,
     "hybrid": HybridDrafter.for_target,
     "medusa": MedusaDrafter.for_target,
+    "draft": DistilledDrafter.for_target,
 }
 
 

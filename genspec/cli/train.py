@@ -2,7 +2,8 @@
 
 - ``head``: an EAGLE-style draft head on the target's own features (:mod:`genspec.train.head`), used
   with ``--drafter head -O path=DIR``;
-- ``medusa``: Medusa-1 heads on the target's last feature, used with ``--drafter medusa -O path=DIR``.
+- ``medusa``: Medusa-1 heads on the target's last feature, used with ``--drafter medusa -O path=DIR``;
+- ``draft``: a tiny standalone draft model distilled from the target, ``--drafter draft -O path=DIR``.
 
 Data: the target's own greedy continuations of Spec-Bench prompts that ``genspec bench`` never measures
 (from the 6th prompt of each category on; bench measures the first ``--num-prompts``, at most 5 are
@@ -19,7 +20,8 @@ BENCH_PROMPTS_EXCLUDED = 5
 
 
 KINDS = {"head": "an EAGLE-style draft head on the target's own features (one decoder layer)",
-         "medusa": "Medusa-1 heads: K residual blocks on the target's last feature"}
+         "medusa": "Medusa-1 heads: K residual blocks on the target's last feature",
+         "draft": "a tiny standalone draft model with the target's tokenizer, distilled from its laws"}
 
 
 def add_parser(subparsers) -> None:
@@ -42,6 +44,9 @@ def add_parser(subparsers) -> None:
         p.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary (most frequent output tokens)")
         if kind == "medusa":
             p.add_argument("--num-heads", type=int, default=4, help="heads (the longest draft)")
+        if kind == "draft":
+            p.add_argument("--width", type=int, default=256, help="the draft's hidden size")
+            p.add_argument("--layers", type=int, default=2, help="the draft's transformer layers")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--sequences", metavar="FILE", help="reuse the training sequences of an earlier run "
                        "(its sequences.json; skips the target's continuations)")
@@ -91,13 +96,14 @@ def run(args) -> int:
 
     import genspec
     from genspec.api import DRAFTERS
+    from genspec.models.distilled import DraftConfig
     from genspec.models.draft_head import MedusaConfig
     from genspec.models.hf import HFCausalLM
     from genspec.train.data import held_out_acceptance
     from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
     from genspec.train.plots import training_curve
 
-    for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size", "num_heads"):
+    for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size", "num_heads", "width", "layers"):
         if getattr(args, name, 1) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     out = Path(args.out)
@@ -122,7 +128,11 @@ def run(args) -> int:
         task = progress.add_task("training", total=args.steps)
         settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
         tokens = sum(len(f) for _, f in train)
-        config = MedusaConfig(target.config.hidden_size, args.num_heads) if args.kind == "medusa" else None
+        config = {"head": None, "medusa": lambda: MedusaConfig(target.config.hidden_size, args.num_heads),
+                  "draft": lambda: DraftConfig(target.config.hidden_size, len(vocab) + 1, width=args.width,
+                                               num_layers=args.layers, max_positions=target.max_context or 8192)
+                  }[args.kind]
+        config = config() if config else None
         log = train_head(target, train, held, vocab, out, config, settings=settings, resume=args.resume, kind=args.kind,
                          progress=lambda step, entry: progress.update(
                              task, completed=step, description=f"training (loss {entry['loss']:.3f})"),

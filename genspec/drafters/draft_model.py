@@ -68,8 +68,15 @@ class DraftModelDrafter(Drafter):
         if draft_model is None:
             raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
         if not isinstance(draft_model, CausalLM):
+            from pathlib import Path
+
+            from genspec.models.draft_head import HEAD_CONFIG
             from genspec.models.hf import HFCausalLM
 
+            if (Path(draft_model) / HEAD_CONFIG).is_file():  # a draft distilled by genspec train draft
+                from genspec.drafters.distilled import DistilledDrafter
+
+                return DistilledDrafter.for_target(target, str(draft_model), num_drafts, confidence_threshold)
             draft_model = HFCausalLM.from_pretrained(draft_model)
         if draft_model.vocab_size != target.vocab_size:
             raise ConfigError(f"draft and target vocabularies differ ({draft_model.vocab_size} vs "

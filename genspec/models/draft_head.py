@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from genspec.models.distilled import DistilledDraft, DraftConfig
+
 
 @dataclass(frozen=True)
 class HeadConfig:
@@ -141,8 +143,8 @@ class MedusaHeads(nn.Module):
         return torch.stack([features + nn.functional.silu(block(features)) for block in self.blocks], dim=-2)
 
 
-#: the speculator kinds a saved directory may hold, by the ``kind`` in its head.json
-KINDS = {"head": (DraftHead, HeadConfig), "medusa": (MedusaHeads, MedusaConfig)}
+#: the speculator kinds a saved directory may hold, by the ``kind`` in its head.json: (network, shape)
+KINDS = {"head": (DraftHead, HeadConfig), "medusa": (MedusaHeads, MedusaConfig), "draft": (DistilledDraft, DraftConfig)}
 
 
 def target_fingerprint(target) -> str:
@@ -160,7 +162,7 @@ def target_fingerprint(target) -> str:
 HEAD_CONFIG, HEAD_WEIGHTS = "head.json", "head.safetensors"
 
 
-def save_head(directory, head: "DraftHead | MedusaHeads", vocab_ids: list[int], fingerprint: str, info: dict | None = None) -> None:
+def save_head(directory, head: nn.Module, vocab_ids: list[int], fingerprint: str, info: dict | None = None) -> None:
     """Write ``head`` to ``directory``: its shape, draft vocabulary, target fingerprint and ``info``
     (how it was trained) in head.json, its weights in head.safetensors."""
     import json
@@ -179,7 +181,7 @@ def save_head(directory, head: "DraftHead | MedusaHeads", vocab_ids: list[int], 
                                                      "vocab_ids": list(map(int, vocab_ids)), "info": info or {}}))
 
 
-def load_head(directory, kind: str = "head") -> tuple["DraftHead | MedusaHeads", list[int], str, dict]:
+def load_head(directory, kind: str = "head") -> tuple[nn.Module, list[int], str, dict]:
     """``(head, vocab_ids, fingerprint, info)`` of a directory written by :func:`save_head`, which must
     hold a speculator of ``kind``."""
     import json

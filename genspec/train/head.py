@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from genspec.errors import ConfigError, InputFileError
+from genspec.models.distilled import DistilledDraft, local_ids
 from genspec.models.draft_head import HEAD_CONFIG, KINDS, DraftHead, MedusaHeads, save_head, target_fingerprint
 
 #: the training state, beside the saved head in the output directory
@@ -41,6 +42,17 @@ class TrainSettings:
     noise: float = 0.1  # uniform noise on input features, in units of their RMS
     checkpoint_every: int = 100
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """What a loss reads of the target: its logits of the speculator's vocabulary from a feature
+    (``logits_of``, the target's own output rows), its input embedding, and the table from its token
+    ids to the vocabulary's indices (the last index for tokens outside it)."""
+
+    logits_of: Callable[[torch.Tensor], torch.Tensor]
+    embed: Callable[[torch.Tensor], torch.Tensor]
+    to_local: torch.Tensor
 
 
 def record_features(target, sequences: list[list[int]], batch_size: int = 8,
@@ -80,7 +92,7 @@ def _pieces(data: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[
     return out
 
 
-def head_loss(head: DraftHead, logits_of, embed, tokens: torch.Tensor, features: torch.Tensor,
+def head_loss(head: DraftHead, teacher: Teacher, tokens: torch.Tensor, features: torch.Tensor,
               mask: torch.Tensor, settings: TrainSettings, generator: torch.Generator | None = None):
     """``(loss, regression, classification, top-1 agreement)`` on a padded batch: ``tokens`` ``[B, n + 1]``,
     ``features`` ``[B, n, H]`` (f_0..f_{n-1}), ``mask`` ``[B, n - 1]`` the pairs with a known next feature."""
@@ -89,45 +101,60 @@ def head_loss(head: DraftHead, logits_of, embed, tokens: torch.Tensor, features:
         scale = inputs.pow(2).mean(-1, keepdim=True).sqrt()
         noise = torch.rand(inputs.shape, generator=generator, dtype=inputs.dtype) * 2 - 1
         inputs = inputs + settings.noise * scale * noise
-    predicted = head(inputs, embed(tokens[:, 1:-1]).to(features.dtype))  # predicts f_1..f_{n-1}
+    predicted = head(inputs, teacher.embed(tokens[:, 1:-1]).to(features.dtype))  # predicts f_1..f_{n-1}
     wanted = features[:, 1:]
     regression = torch.nn.functional.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
-    draft = logits_of(predicted).float().log_softmax(-1)
+    draft = teacher.logits_of(predicted).float().log_softmax(-1)
     with torch.no_grad():
-        teacher = logits_of(wanted).float()
-    classification = -(teacher.softmax(-1) * draft).sum(-1)
+        target_logits = teacher.logits_of(wanted).float()
+    classification = -(target_logits.softmax(-1) * draft).sum(-1)
     weight = mask.to(regression.dtype)
     total = weight.sum().clamp(min=1)
     regression, classification = (regression * weight).sum() / total, (classification * weight).sum() / total
-    agree = ((draft.argmax(-1) == teacher.argmax(-1)).to(weight.dtype) * weight).sum() / total
+    agree = ((draft.argmax(-1) == target_logits.argmax(-1)).to(weight.dtype) * weight).sum() / total
     return regression + settings.classification_weight * classification, regression, classification, agree
 
 
-def medusa_loss(heads: MedusaHeads, logits_of, embed, tokens: torch.Tensor, features: torch.Tensor,
+def medusa_loss(heads: MedusaHeads, teacher: Teacher, tokens: torch.Tensor, features: torch.Tensor,
                 mask: torch.Tensor, settings: TrainSettings, generator: torch.Generator | None = None):
     """Like :func:`head_loss` for Medusa heads (no regression, exact input features): the weighted sum
     of the heads' cross-entropies; the classification and agreement reported are head 0's."""
     n = features.shape[1]
     predicted = heads(features[:, :-1])  # [B, n - 1, K, H]: from f_0..f_{n-2}
     with torch.no_grad():
-        laws = logits_of(features[:, 1:]).float().softmax(-1)  # the target's law at f_1..f_{n-1}, once for all heads
+        laws = teacher.logits_of(features[:, 1:]).float().softmax(-1)  # the target's law at f_1..f_{n-1}, once for all heads
     total = features.new_zeros(())
     first = agree = features.new_zeros(())
     for j in range(min(heads.config.num_heads, n - 1)):
-        draft = logits_of(predicted[:, :n - 1 - j, j]).float().log_softmax(-1)
-        teacher = laws[:, j:]  # head j's: the law j + 1 positions after its feature's
+        draft = teacher.logits_of(predicted[:, :n - 1 - j, j]).float().log_softmax(-1)
+        law = laws[:, j:]  # head j's: the law j + 1 positions after its feature's
         weight = mask[:, j:].to(draft.dtype)
         pairs = weight.sum().clamp(min=1)
-        entropy = (-(teacher * draft).sum(-1) * weight).sum() / pairs
+        entropy = (-(law * draft).sum(-1) * weight).sum() / pairs
         total = total + 0.8 ** j * entropy
         if j == 0:
             first = entropy
-            agree = ((draft.argmax(-1) == teacher.argmax(-1)).to(weight.dtype) * weight).sum() / pairs
+            agree = ((draft.argmax(-1) == law.argmax(-1)).to(weight.dtype) * weight).sum() / pairs
     return total, features.new_zeros(()), first, agree
 
 
+def draft_loss(draft: DistilledDraft, teacher: Teacher, tokens: torch.Tensor, features: torch.Tensor,
+               mask: torch.Tensor, settings: TrainSettings, generator: torch.Generator | None = None):
+    """Like :func:`head_loss` for the distilled draft model (no regression): reading tokens 0..n-2 it
+    learns the target's law of tokens 1..n-1 (from f_0..f_{n-2}) over its vocabulary, soft labels."""
+    n = features.shape[1]
+    logits = draft(teacher.to_local[tokens[:, :n - 1]]).float().log_softmax(-1)
+    with torch.no_grad():
+        law = teacher.logits_of(features[:, :n - 1]).float().softmax(-1)
+    weight = mask.to(logits.dtype)
+    pairs = weight.sum().clamp(min=1)
+    entropy = (-(law * logits).sum(-1) * weight).sum() / pairs
+    agree = ((logits.argmax(-1) == law.argmax(-1)).to(weight.dtype) * weight).sum() / pairs
+    return entropy, features.new_zeros(()), entropy, agree
+
+
 #: the loss of each kind
-LOSSES = {"head": head_loss, "medusa": medusa_loss}
+LOSSES = {"head": head_loss, "medusa": medusa_loss, "draft": draft_loss}
 
 
 def _batch(pieces, indices):
@@ -161,8 +188,8 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     head = module(config).to(torch.float32).train()
     loss_of = LOSSES[kind]
     vocab = torch.as_tensor(vocab_ids, dtype=torch.long)
-    logits_of = target.subset_head(vocab)
-    embed = target.model.get_input_embeddings()
+    teacher = Teacher(target.subset_head(vocab), target.model.get_input_embeddings(),
+                      local_ids(vocab_ids, target.vocab_size))
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / settings.warmup) * 0.5 * (
         1 + math.cos(math.pi * min(step, settings.steps) / settings.steps)))
@@ -180,14 +207,14 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     if not pieces:
         raise ConfigError("no training data: every sequence is shorter than 3 tokens")
     if "held_out_before" not in log:
-        log["held_out_before"] = evaluate(head, logits_of, embed, held, settings, loss_of)
+        log["held_out_before"] = evaluate(head, teacher, held, settings, loss_of)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter() - log["seconds"]
     while step < settings.steps:
         order = torch.randint(len(pieces), (settings.batch_size,), generator=generator).tolist()
         tokens, features, mask = _batch(pieces, order)
-        loss, regression, classification, agree = loss_of(head, logits_of, embed, tokens, features, mask,
-                                                           settings, generator)
+        loss, regression, classification, agree = loss_of(head, teacher, tokens, features, mask, settings,
+                                                           generator)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -203,14 +230,14 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
             log["seconds"] = time.perf_counter() - started
             torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
                         "generator": generator.get_state(), "step": step, "log": log}, out / CHECKPOINT)
-    log["held_out_after"] = evaluate(head, logits_of, embed, held, settings, loss_of)
+    log["held_out_after"] = evaluate(head, teacher, held, settings, loss_of)
     log["seconds"] = time.perf_counter() - started
     save_head(out, head.eval(), vocab_ids, target_fingerprint(target), {**(info or {}), "log": log})
     return log
 
 
 @torch.no_grad()
-def evaluate(head: DraftHead | MedusaHeads, logits_of, embed, pieces, settings: TrainSettings,
+def evaluate(head, teacher: Teacher, pieces, settings: TrainSettings,
              loss_of=head_loss, batch_size: int = 16) -> dict:
     """Held-out loss and first-token agreement (draft argmax = target argmax, over the head's vocabulary)."""
     if not pieces:
@@ -221,7 +248,7 @@ def evaluate(head: DraftHead | MedusaHeads, logits_of, embed, pieces, settings: 
     quiet = TrainSettings(**{**asdict(settings), "noise": 0.0})
     for start in range(0, len(pieces), batch_size):
         tokens, features, mask = _batch(pieces, list(range(start, min(start + batch_size, len(pieces)))))
-        loss, _, _, agree = loss_of(head, logits_of, embed, tokens, features, mask, quiet)
+        loss, _, _, agree = loss_of(head, teacher, tokens, features, mask, quiet)
         pairs = int(mask.sum())
         totals["loss"] += float(loss) * pairs
         totals["agreement"] += float(agree) * pairs

@@ -1,0 +1,21 @@
+"""``draft``: the distilled draft model (``genspec train draft``) drafting as any draft model does
+(:class:`genspec.drafters.draft_model.DraftModelDrafter`: its own KV cache, chains sampled from its
+processed law, multi-draft trees with ``num_drafts``)."""
+from __future__ import annotations
+
+from genspec.drafters.draft_model import DraftModelDrafter
+from genspec.drafters.trained import load_for_target
+from genspec.models.distilled import DistilledLM
+
+
+class DistilledDrafter(DraftModelDrafter):
+    """Options: ``path`` (the draft's directory), ``num_drafts``, ``confidence_threshold``."""
+
+    name = "draft"
+
+    @classmethod
+    def for_target(cls, target, path: str | None = None, num_drafts: int = 1,
+                   confidence_threshold: float = 0.0) -> "DistilledDrafter":
+        draft, vocab_ids = load_for_target(target, path, "draft")
+        model = DistilledLM(draft.to(target.dtype), vocab_ids, target.vocab_size, target.tokenizer)
+        return cls(model, num_drafts=num_drafts, confidence_threshold=confidence_threshold)
