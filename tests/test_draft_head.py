@@ -301,3 +301,31 @@ def test_greedy_hybrid_equals_plain_decoding(tiny_target, tree_nodes):
         prompts, max_new_tokens=24, num_draft_tokens=3, eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
     assert sum(s.stats.drafted_tokens for s in spec) > 0
+
+
+def test_the_shipped_head_is_small_and_for_the_embedded_model():
+    from genspec.drafters.trained import SHIPPED
+
+    files = list((SHIPPED / "head").iterdir())
+    assert sum(f.stat().st_size for f in files) < 20e6
+    head, vocab_ids, fingerprint, info = load_head(SHIPPED / "head")
+    assert head.config.hidden_size == 640 and len(vocab_ids) >= 8192 and info["model"] == "embedded default"
+    assert info["held_out_acceptance"]["prompts"] == 8  # measured at the end of the run that made it
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("drafter", ["head", "hybrid"])
+def test_the_shipped_head_drafts_for_the_embedded_model(capsys, drafter):
+    """``--drafter head`` / ``hybrid`` right after install (the shipped head, no path): greedy output
+    equals plain decoding on the real model, and some drafts are kept."""
+    import json
+
+    from genspec.cli import main
+
+    base = ["generate", "--prompt", "List three uses of a paperclip.", "--max-new-tokens", "24", "--json"]
+    assert main(base + ["--drafter", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(base + ["--drafter", drafter]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
+    assert spec["stats"]["accepted_tokens"] > 0

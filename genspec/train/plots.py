@@ -26,7 +26,7 @@ def training_curve(log: dict, path: str | Path, title: str = "") -> None:
     for axis, key in ((left, "loss"), (right, "agreement")):
         before, after = log.get("held_out_before", {}), log.get("held_out_after", {})
         if key in before and key in after:
-            axis.plot([0, steps[-1]], [before[key], after[key]], "o--", color="black", label="held out")
+            axis.plot([0, steps[-1]], [before[key], after[key]], "o", color="black", label="held out (before, after)")
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
         axis.legend()
