@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stats_helpers import chi_square_pvalue
-from tiny_models import exact_joint, peaked, tiny_llama
+from stats_helpers import lossless_pvalue
+from tiny_models import peaked, tiny_llama
 
 from genspec.drafters.base import Draft, Drafter
 from genspec.drafters.head import HeadDrafter
@@ -15,7 +15,7 @@ from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
 from genspec.models import HFCausalLM
 from genspec.models.draft_head import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
-from genspec.sampling import SamplingConfig, process_logits
+from genspec.sampling import SamplingConfig
 from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
 
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
@@ -136,48 +136,18 @@ def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch):
     assert sum(s.stats.drafted_tokens for s in spec) > 0
 
 
-def test_head_tree_sampling_is_lossless():
-    """The chi-square test (N = 20,000, 3 tokens, temperature 0.7 / top-k 8 / top-p 0.9, fail below
-    p = 1e-3) with dynamic trees of 6 deterministic candidates nodes."""
-    target_model = peaked(tiny_llama(0, vocab=12))
-    target = HFCausalLM(target_model)
-    sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
-    head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
-    drafter = HeadDrafter(target, head.to(torch.float64), list(range(10)), tree_nodes=6, tree_top_k=3)
-    prompt = [3, 5, 7]
-    results = SpeculativeEngine(target, drafter).generate_ids(
-        [prompt] * 20_000, max_new_tokens=3, num_draft_tokens=2, temperature=0.7, top_k=8, top_p=0.9, seed=22,
-        eos_token_ids=(), draft_length="fixed")
-    counts = torch.zeros([12] * 3)
-    for r in results:
-        counts[tuple(r.token_ids)] += 1
-    exact = exact_joint(target_model, prompt, 3, lambda logits: process_logits(logits, sampling))
-    acceptance = sum(r.stats.accepted_tokens for r in results) / sum(r.stats.drafted_tokens for r in results)
-    assert 0.02 < acceptance < 0.95
-    assert chi_square_pvalue(counts.numpy(), exact.numpy()) > 1e-3
-
-
-def test_head_sampling_is_lossless():
+@pytest.mark.parametrize("tree_nodes, seed", [(0, 21), (6, 22)])
+def test_head_sampling_is_lossless(tree_nodes, seed):
     """Chi-square of the joint law of the first 3 generated tokens against the exact target law
-    (temperature 0.7, top-k 8, top-p 0.9, applied to draft and target alike) with a head whose
-    vocabulary leaves out a third of the target's (so its law differs: rejections really happen).
-    N = 20,000 samples, cells with expected count < 5 pooled; fail if p < 1e-3."""
-    target_model = peaked(tiny_llama(0, vocab=12))
-    target = HFCausalLM(target_model)
-    sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
+    (temperature 0.7, top-k 8, top-p 0.9 on draft and target alike; N = 20,000, cells with expected
+    count < 5 pooled; fail if p < 1e-3), sampled chains and dynamic trees of 6 deterministic nodes, a head
+    over 8 of the 12 tokens (so its law differs: rejections really happen)."""
     head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
-    drafter = HeadDrafter(target, head.to(torch.float64), list(range(8)))
-    prompt = [3, 5, 7]
-    results = SpeculativeEngine(target, drafter).generate_ids(
-        [prompt] * 20_000, max_new_tokens=3, num_draft_tokens=2, temperature=0.7, top_k=8, top_p=0.9, seed=21,
-        eos_token_ids=(), draft_length="fixed")
-    counts = torch.zeros([12] * 3)
-    for r in results:
-        counts[tuple(r.token_ids)] += 1
-    exact = exact_joint(target_model, prompt, 3, lambda logits: process_logits(logits, sampling))
-    acceptance = sum(r.stats.accepted_tokens for r in results) / sum(r.stats.drafted_tokens for r in results)
+    pvalue, acceptance = lossless_pvalue(
+        lambda target: HeadDrafter(target, head.to(torch.float64), list(range(8)), tree_nodes=tree_nodes, tree_top_k=3),
+        SamplingConfig(temperature=0.7, top_k=8, top_p=0.9), seed=seed, layers=2)
     assert 0.02 < acceptance < 0.95
-    assert chi_square_pvalue(counts.numpy(), exact.numpy()) > 1e-3
+    assert pvalue > 1e-3
 
 
 def _training_data(target, count: int, length: int, seed: int):
