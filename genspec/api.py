@@ -19,6 +19,7 @@ from genspec.drafters.lookahead import LookaheadDrafter
 from genspec.drafters.ngram_cache import NGramCacheDrafter
 from genspec.drafters.retrieval import RetrievalDrafter
 from genspec.drafters.self_speculation import EarlyExitDrafter, LayerSkipDrafter, QuantizedDrafter
+from genspec.drafters.suffix import SuffixDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM
@@ -44,6 +45,7 @@ DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
     "quantized": QuantizedDrafter.for_target,
     "hierarchical": HierarchicalDrafter.for_target,
     "ngram-cache": NGramCacheDrafter.for_target,
+    "suffix": SuffixDrafter.for_target,
     "retrieval": RetrievalDrafter.for_target,
     "edit": EditDrafter.for_target,
     "lookahead": LookaheadDrafter.for_target,

@@ -140,7 +140,7 @@ def parse_methods(text: str, draft_model: str | None = None) -> list[MethodSpec]
 
 
 #: drafters that remember other requests' outputs (a per-process table shared by namespace)
-LEARNING_DRAFTERS = ("ngram-cache",)
+LEARNING_DRAFTERS = ("ngram-cache", "suffix")
 
 
 def drafter_options(spec: MethodSpec) -> dict:

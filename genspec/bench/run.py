@@ -144,11 +144,14 @@ def execute(s: dict, prompts, console, command: str) -> dict:
         interrupted = False
         try:
             from genspec.drafters.ngram_cache import clear_process_tables
+            from genspec.drafters.suffix import clear_suffix_caches
 
             for repeat in range(s["repeats"]):
                 # repeats are independent replicates: a drafter that learns across requests (ngram-cache's
-                # process table) must not have seen this very suite's outputs in an earlier repeat
+                # process table, the suffix drafter's process cache) must not have seen this very suite's
+                # outputs in an earlier repeat
                 clear_process_tables()
+                clear_suffix_caches()
                 for index, (prompt, ids) in enumerate(kept):
                     extra = sweep_decoders if (prompt.category, prompt.question_id) in sweep_keys else []
                     batch = run_interleaved(main + extra, [prompt], [ids], config, repeats=1,

@@ -23,7 +23,7 @@ import numpy as np
 
 from genspec.drafters.base import RequestContext
 from genspec.drafters.candidates import CandidateDrafter
-from genspec.drafters.ngrams import check_ngram_range, common_prefix_length
+from genspec.drafters.ngrams import check_ngram_range, common_prefix_length, hash_columns, hash_ngram
 from genspec.errors import ConfigError, InputFileError
 
 
@@ -93,26 +93,10 @@ class StaticTable:
     sorted hashed keys per n (``np.searchsorted`` looks them up): millions of corpus tokens fit in a
     few arrays instead of millions of Python objects. A hash collision only costs a wrong draft."""
 
-    _MULTIPLIER = 0x9E3779B97F4A7C15  # odd 64-bit constant (golden ratio): spreads the token ids
-
     def __init__(self, tokens: np.ndarray, min_n: int, max_n: int, separator: int | None = None):
         self.min_n, self.max_n = min_n, max_n
         self.tables = {n: self._build(np.asarray(tokens, dtype=np.int64), n, separator)
                        for n in range(min_n, max_n + 1)}
-
-    @classmethod
-    def _hash(cls, columns: list[np.ndarray]) -> np.ndarray:
-        key = np.zeros(len(columns[0]), dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            for column in columns:
-                key = (key * np.uint64(cls._MULTIPLIER)) ^ (column.astype(np.uint64) + np.uint64(1))
-        return key
-
-    def _key(self, ngram: tuple[int, ...]) -> int:
-        key = 0
-        for token in ngram:
-            key = ((key * self._MULTIPLIER) & 0xFFFFFFFFFFFFFFFF) ^ (token + 1)
-        return key
 
     def _build(self, tokens: np.ndarray, n: int, separator: int | None):
         if len(tokens) <= n:
@@ -124,7 +108,7 @@ class StaticTable:
         if separator is not None:  # no n-gram across a document boundary
             for column in columns + [following]:
                 ok &= column != separator
-        keys, following = self._hash(columns)[ok], following[ok]
+        keys, following = hash_columns(columns)[ok], following[ok]
         order = np.lexsort((following, keys))
         keys, following = keys[order], following[order]
         # runs of equal (key, next token): their counts
@@ -147,7 +131,7 @@ class StaticTable:
         table = self.tables.get(len(key))
         if table is None or not len(table[0]):
             return None
-        hashed = np.uint64(self._key(key))
+        hashed = np.uint64(hash_ngram(key))
         at = int(np.searchsorted(table[0], hashed))
         if at == len(table[0]) or table[0][at] != hashed:
             return None

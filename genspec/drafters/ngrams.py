@@ -2,7 +2,31 @@
 copy a continuation, and the checks of their options."""
 from __future__ import annotations
 
+import numpy as np
+
 from genspec.errors import ConfigError
+
+#: odd 64-bit constant (golden ratio) that spreads token ids in n-gram hashes
+HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def hash_columns(columns: list[np.ndarray]) -> np.ndarray:
+    """64-bit hashes of many n-grams at once: ``columns[i]`` holds token i of each n-gram (equal
+    lengths); the same value as :func:`hash_ngram` of each n-gram."""
+    key = np.zeros(len(columns[0]), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for column in columns:
+            key = (key * np.uint64(HASH_MULTIPLIER)) ^ (column.astype(np.uint64) + np.uint64(1))
+    return key
+
+
+def hash_ngram(ngram) -> int:
+    """The 64-bit hash of one n-gram (a sequence of token ids), as :func:`hash_columns` computes it."""
+    key = 0
+    for token in ngram:
+        key = ((key * HASH_MULTIPLIER) & _MASK64) ^ ((token + 1) & _MASK64)
+    return key
 
 
 def common_prefix_length(held: list[int], sequence: list[int]) -> int:
