@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from tiny_models import save_tiny_model
 
 from genspec.bench import analysis
 from genspec.cli.bench import QUICK
@@ -52,6 +53,7 @@ def test_bench_gives_each_learning_method_its_own_memory():
     assert len(namespaces) == 4
     assert drafter_options(parse_method("ngram-cache:namespace=mine"))["namespace"] == "mine"
     assert "namespace" not in drafter_options(parse_method("prompt-lookup"))
+    assert drafter_options(parse_method("suffix"))["namespace"] == "genspec-bench:suffix"
 
 
 @pytest.mark.parametrize("text, message", [
@@ -389,3 +391,36 @@ def test_edit_task_prompts_are_selectable_and_not_in_the_default():
     assert len(edit) == 8 and {p.category for p in edit} == {"edit"}
     assert all("Correct the grammar" in p.text for p in edit)
     assert "edit" not in {p.category for p in load_spec_bench()}
+
+
+def test_repeated_traffic_replay_is_selectable_and_disjoint_from_the_measured_prompts():
+    from genspec.bench.prompts import load_spec_bench
+
+    replay = load_spec_bench(["repeated"], 2)
+    assert [p.question_id % 10 for p in replay] == [1, 2, 1, 2, 3, 3]  # turns 1, 2 per conversation, then repeats
+    assert replay[1].follows == replay[0].question_id and replay[3].follows == replay[2].question_id
+    assert replay[4].text == replay[0].text and replay[5].text == replay[2].text  # the same questions again
+    assert "repeated" not in {p.category for p in load_spec_bench()}
+    measured = {p.text for p in load_spec_bench(None, 2)}
+    assert not measured & {p.text for p in load_spec_bench(["repeated"])}  # 24 conversations, none measured
+    assert len(load_spec_bench(["repeated"])) == 3 * 24
+
+
+def test_repeated_traffic_bench_learns_across_requests(tmp_path):
+    """A tiny bench run of the replay (1 conversation: first turn, second turn with the answer in context,
+    first turn again): greedy outputs equal plain decoding, the second turn's prompt holds the first turn's
+    answer, and the suffix drafter drafts the repeated question's answer from its process cache."""
+    model = save_tiny_model(tmp_path / "model", seed=0, context=2048)
+    out = tmp_path / "out"
+    assert main(["bench", "--model", str(model), "--categories", "repeated", "--num-prompts", "1",
+                 "--max-new-tokens", "24", "--repeats", "1", "-k", "4", "--draft-length", "fixed",
+                 "--methods", "suffix,prompt-lookup", "--threads", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    runs = {(r["method"], r["question_id"] % 10): r for r in results["runs"] if r["phase"] == "main"}
+    assert all(r["matches_plain"] for r in runs.values() if r["kind"] == "genspec" and r["method"] != PLAIN)
+    tokens = {p["question_id"] % 10: p["prompt_tokens"] for p in results["prompts"]}
+    assert tokens[2] > tokens[1] + 24 - 1  # the first turn and its answer are in the second turn's context
+    first, again = runs[("suffix", 1)], runs[("suffix", 3)]
+    assert again["token_ids"] == first["token_ids"]
+    assert again["stats"]["accepted_tokens"] > first["stats"]["accepted_tokens"] + 8
+    assert again["stats"]["accepted_tokens"] > runs[("prompt-lookup", 3)]["stats"]["accepted_tokens"]

@@ -1,5 +1,17 @@
-"""The prompt suites shipped with genspec: Spec-Bench (Apache-2.0, see data/spec_bench/README.md) and
-genspec's own ``edit`` task (grammar correction, data/edit_task/README.md)."""
+"""The prompt suites shipped with genspec: Spec-Bench (Apache-2.0, see data/spec_bench/README.md),
+genspec's own ``edit`` task (grammar correction, data/edit_task/README.md) and the ``repeated`` traffic
+replay.
+
+``repeated`` replays what a chat service sees again and again, from Spec-Bench's MT-bench conversations
+that the measured categories do not use (the 3rd to 5th of each MT-bench category, round robin over
+categories; ``genspec bench`` measures a category's first ``--num-prompts``, 2 by default, and the trained
+speculators learn from the 6th on): for each conversation its first turn, then its second turn with the
+first turn and the model's answer in context (multi-turn chat: the same document again), and after all
+conversations, each first turn asked again (another user with the same question: the same answer
+again). The requests run in that order within one repeat, so drafters that learn across requests (the
+n-gram cache's process table, the suffix drafter's process cache) see the earlier ones, as in a server.
+Question ids: ``10 * MT-bench id + 1`` (first turn), ``+ 2`` (second turn), ``+ 3`` (first turn again).
+"""
 from __future__ import annotations
 
 import json
@@ -11,7 +23,9 @@ from genspec.errors import ConfigError
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
               "translation", "summarization", "qa", "math_reasoning", "rag")
 #: genspec's own suites, selectable by name but not part of the Spec-Bench default
-EXTRA_CATEGORIES = ("edit",)
+EXTRA_CATEGORIES = ("edit", "repeated")
+#: MT-bench conversations the ``repeated`` category replays: each MT-bench category's 3rd to 5th
+REPEATED_POSITIONS = (2, 3, 4)
 ALL_CATEGORIES = CATEGORIES + EXTRA_CATEGORIES
 
 
@@ -20,6 +34,8 @@ class BenchPrompt:
     question_id: int
     category: str
     text: str
+    #: the question id of an earlier prompt of the same list whose prompt and answer open this one
+    follows: int | None = None
 
 
 def load_spec_bench(categories: list[str] | None = None, per_category: int | None = None) -> list[BenchPrompt]:
@@ -45,7 +61,26 @@ def load_spec_bench(categories: list[str] | None = None, per_category: int | Non
             continue
         taken[category] = taken.get(category, 0) + 1
         prompts.append(BenchPrompt(row["question_id"], category, row["turns"][0]))
+    if "repeated" in wanted:
+        prompts += repeated_traffic([json.loads(line) for line in lines], per_category)
     return prompts
+
+
+def repeated_traffic(rows: list[dict], conversations: int | None) -> list[BenchPrompt]:
+    """The ``repeated`` replay (module docstring) of the first ``conversations`` conversations."""
+    by_category: dict[str, list[dict]] = {}
+    for row in rows:
+        if len(row.get("turns", ())) >= 2:
+            by_category.setdefault(row["category"], []).append(row)
+    chosen = [rows_[i] for i in REPEATED_POSITIONS for rows_ in by_category.values() if i < len(rows_)]
+    chosen = chosen[:conversations] if conversations is not None else chosen
+    replay = []
+    for row in chosen:
+        first = 10 * row["question_id"] + 1
+        replay.append(BenchPrompt(first, "repeated", row["turns"][0]))
+        replay.append(BenchPrompt(first + 1, "repeated", row["turns"][1], follows=first))
+    replay += [BenchPrompt(10 * row["question_id"] + 3, "repeated", row["turns"][0]) for row in chosen]
+    return replay
 
 
 def encode_prompt(text: str, tokenizer) -> list[int]:
@@ -57,3 +92,18 @@ def encode_prompt(text: str, tokenizer) -> list[int]:
                                             add_generation_prompt=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     return tokenizer(f"Question: {text}\nAnswer:")["input_ids"]
+
+
+def encode_follow_up(earlier: BenchPrompt, earlier_ids: list[int], answer: list[int], text: str, tokenizer) -> list[int]:
+    """Token ids of a next turn ``text`` after ``earlier`` (its ids ``earlier_ids``) and the model's
+    ``answer`` (token ids): the chat template over the three messages when the tokenizer has one, else the
+    earlier ids, the answer and another "Question/Answer" frame, so the context is exactly what the model
+    saw and said."""
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": earlier.text},
+                    {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)},
+                    {"role": "user", "content": text}]
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return list(earlier_ids) + list(answer) + tokenizer(f"\n\nQuestion: {text}\nAnswer:",
+                                                        add_special_tokens=False)["input_ids"]

@@ -105,6 +105,9 @@ def execute(s: dict, prompts, console, command: str) -> dict:
     sweep_decoders += [decoders[m.name] for m in sweep_specs]
 
     prompt_ids = encode_all(prompts, target.tokenizer)
+    if any(p.follows is not None for p in prompts):
+        with console.status("answering the first turns of the repeated-traffic conversations (not timed)"):
+            prompt_ids = follow_ups(prompts, prompt_ids, decoders["plain"], config, target)
     kept, skipped = [], []
     for prompt, ids in zip(prompts, prompt_ids):
         if target.max_context is not None and len(ids) + s["max_new_tokens"] > target.max_context:
@@ -191,6 +194,29 @@ def execute(s: dict, prompts, console, command: str) -> dict:
             "sweep_methods": [m.to_dict() for m in sweep_specs],
             "prompts": [{"category": p.category, "question_id": p.question_id, "prompt_tokens": len(i)} for p, i in kept],
             "runs": records}
+
+
+def follow_ups(prompts, prompt_ids: list[list[int]], plain, config, target) -> list[list[int]]:
+    """The ids of every prompt that follows an earlier one (the repeated-traffic replay's second turns):
+    the earlier prompt, the model's greedy answer to it (plain decoding, ``config``'s length) and the next
+    turn. An earlier prompt too long for the context leaves its follow-up as long (it is skipped)."""
+    from genspec.bench.prompts import encode_follow_up
+
+    index = {p.question_id: i for i, p in enumerate(prompts)}
+    out = list(prompt_ids)
+    greedy = replace(config, temperature=0.0, seed=0)
+    for i, prompt in enumerate(prompts):
+        if prompt.follows is None:
+            continue
+        earlier = index[prompt.follows]
+        ids = prompt_ids[earlier]
+        answer: list[int] = []
+        if target.max_context is None or len(ids) + config.max_new_tokens < target.max_context:
+            answer = list(plain.decode(ids, greedy)["token_ids"])
+            while answer and answer[-1] in target.eos_token_ids:
+                answer.pop()
+        out[i] = encode_follow_up(prompts[earlier], ids, answer, prompt.text, target.tokenizer)
+    return out
 
 
 def write_outputs(results: dict, out: Path) -> list[Path]:

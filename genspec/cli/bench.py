@@ -46,7 +46,8 @@ def add_parser(subparsers) -> None:
                             "hf-early-exit[:assistant_early_exit=L], hf-assisted). plain and hf-plain always run. "
                             f"Default: {DEFAULT_METHODS} (+{WITH_DRAFT_MODEL[1:]} with --draft-model)")
     bench.add_argument("--categories", metavar="LIST",
-                       help="Spec-Bench categories (default: all 13), and/or genspec's grammar-correction task 'edit'")
+                       help="Spec-Bench categories (default: all 13), and/or genspec's grammar-correction task 'edit' and "
+                            "the repeated-traffic replay 'repeated' (multi-turn chat and repeated questions)")
     bench.add_argument("--num-prompts", type=int, metavar="N", help="prompts per category (default 2)")
     bench.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens per prompt at most (default 128)")
     bench.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
