@@ -276,3 +276,133 @@ def test_real_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capsys):
     assert "is damaged" in capsys.readouterr().err
     assert default.verify_cache(rebuilt) == default.CacheVerdict(True)
     assert (rebuilt / "model.safetensors").stat().st_size == (source / "model.safetensors").stat().st_size
+
+
+# ------------------------------------------------------------------ items 8-9: retrieval indexes
+def _build(capsys, corpus, out, model_dir, *extra):
+    return _run(capsys, ["index", "build", str(corpus), "--out", str(out), "--model", str(model_dir), *extra])
+
+
+def _corpus(tmp_path, text="hello world, hello world, the quick brown fox"):
+    path = tmp_path / f"corpus-{abs(hash(text))}.txt"
+    path.write_text(text)
+    return path
+
+
+def _snapshot(directory):
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_index_build_never_writes_into_a_directory_that_is_not_an_index(capsys, tmp_path, tiny_model_dir, force):
+    """``genspec index build --out DIR`` refuses a non-empty directory that is not a genspec index (even
+    with --force), with one line, before reading the corpus; the user's files there are untouched."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "index.json").write_text('{"my": "own index"}')
+    (mine / "tokens.npy").write_bytes(b"my own bytes")
+    before = _snapshot(mine)
+    code, _, err = _build(capsys, tmp_path / "no-such-corpus.txt", mine, tiny_model_dir, *(["--force"] if force else []))
+    assert code == 2 and _one_clear_line(err) and "is not a genspec retrieval index" in err
+    assert _snapshot(mine) == before
+
+
+def test_index_build_replaces_an_index_only_with_force(capsys, tmp_path, tiny_model_dir):
+    """An existing index is replaced only with --force (built beside it and renamed: no temporary directory
+    left); an index directory that also holds other files is never replaced."""
+    from genspec.datastore import RetrievalIndex
+
+    out = tmp_path / "parent" / "ix"
+    assert _build(capsys, _corpus(tmp_path, "first corpus"), out, tiny_model_dir)[0] == 0
+    first = _snapshot(out)
+    code, _, err = _build(capsys, _corpus(tmp_path, "second corpus, longer"), out, tiny_model_dir)
+    assert code == 2 and _one_clear_line(err) and "--force" in err and _snapshot(out) == first
+    code, _, _ = _build(capsys, _corpus(tmp_path, "second corpus, longer"), out, tiny_model_dir, "--force")
+    assert code == 0 and RetrievalIndex.load(out).meta["source"].endswith(_corpus(tmp_path, "second corpus, longer").name)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ix"]
+    (out / "notes.txt").write_text("mine")
+    before = _snapshot(out)
+    code, _, err = _build(capsys, _corpus(tmp_path), out, tiny_model_dir, "--force")
+    assert code == 2 and _one_clear_line(err) and "notes.txt" in err and _snapshot(out) == before
+
+
+def test_interrupted_index_build_keeps_the_old_index(tmp_path, monkeypatch):
+    """An index build interrupted while writing leaves the previous index whole and no partial directory."""
+    import numpy as np
+
+    from genspec.datastore import RetrievalIndex
+
+    out = tmp_path / "ix"
+    RetrievalIndex.from_documents([[5, 6, 7, 5, 6]]).save(out)
+    before = _snapshot(out)
+    saves = []
+
+    def interrupted_save(path, array):
+        saves.append(path)
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+        with open(path, "wb") as handle:
+            np.lib.format.write_array(handle, np.asanyarray(array))
+
+    monkeypatch.setattr(np, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        RetrievalIndex.from_documents([[9, 9, 8]]).save(out, force=True)
+    assert _snapshot(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["ix"]
+
+
+def _damage_index(directory, damage):
+    import numpy as np
+
+    if damage == "0-byte suffix array":
+        (directory / "reversed_suffix_array.npy").write_bytes(b"")
+    elif damage == "truncated tokens":
+        _truncate(directory / "tokens.npy")
+    elif damage == "missing tokens":
+        (directory / "tokens.npy").unlink()
+    elif damage == "garbage suffix array":
+        (directory / "reversed_suffix_array.npy").write_bytes(b"not an npy file at all")
+    elif damage == "trailing bytes":
+        with open(directory / "tokens.npy", "ab") as handle:
+            handle.write(b"\0" * 16)
+    elif damage == "wrong dtype":
+        np.save(directory / "tokens.npy", np.zeros(3, dtype=np.float64))
+    elif damage == "lengths differ":
+        np.save(directory / "tokens.npy", np.zeros(2, dtype=np.uint32))
+    elif damage == "index.json not JSON":
+        (directory / "index.json").write_text("{oops")
+    else:
+        raise AssertionError(damage)
+
+
+INDEX_DAMAGE = {"0-byte suffix array": "reversed_suffix_array.npy", "truncated tokens": "tokens.npy",
+                "missing tokens": "tokens.npy", "garbage suffix array": "reversed_suffix_array.npy",
+                "trailing bytes": "tokens.npy", "wrong dtype": "tokens.npy", "lengths differ": "tokens.npy",
+                "index.json not JSON": "index.json"}
+
+
+@pytest.mark.parametrize("damage", list(INDEX_DAMAGE))
+def test_damaged_index_is_an_error_naming_the_file(tmp_path, damage):
+    """A damaged index (0-byte, truncated, missing, garbage or padded .npy, wrong dtype, lengths that do not
+    match, index.json not JSON) is an InputFileError naming the damaged file and how to rebuild it."""
+    from genspec.datastore import RetrievalIndex
+
+    out = tmp_path / "ix"
+    RetrievalIndex.from_documents([[5, 6, 7, 5, 6], [7, 7]]).save(out)
+    _damage_index(out, damage)
+    with pytest.raises(InputFileError) as error:
+        RetrievalIndex.load(out)
+    message = str(error.value)
+    assert INDEX_DAMAGE[damage] in message and "genspec index build" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("option", ["index", "corpus"])
+def test_damaged_index_is_one_line_for_retrieval_and_ngram_cache(capsys, tmp_path, tiny_model_dir, option):
+    """Both users of an index, ``--drafter retrieval -O index=DIR`` and ``--drafter ngram-cache -O
+    corpus=DIR``, report a 0-byte suffix array as one line naming it, exit 2."""
+    out = tmp_path / "ix"
+    assert _build(capsys, _corpus(tmp_path), out, tiny_model_dir)[0] == 0
+    _damage_index(out, "0-byte suffix array")
+    drafter = "retrieval" if option == "index" else "ngram-cache"
+    code, _, err = _run(capsys, ["generate", "--model", str(tiny_model_dir), "--prompt", "hello", "--max-new-tokens",
+                                 "3", "--drafter", drafter, "-O", f"{option}={out}"])
+    assert code == 2 and _one_clear_line(err) and "reversed_suffix_array.npy: empty file" in err

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from genspec.dirs import move_into_place, ordinary_mode, staging_directory
 from genspec.errors import GenspecError, InputFileError
 
 MODEL_ID = "gemma3-270m"
@@ -204,7 +205,7 @@ def _write_marker(directory: Path, manifest: dict) -> None:
     handle, name = tempfile.mkstemp(prefix=f".{MARKER}-", dir=directory)
     with os.fdopen(handle, "w") as out:
         out.write(json.dumps(marker, indent=1) + "\n")
-    Path(name).chmod(_ordinary_mode(directory=False))
+    Path(name).chmod(ordinary_mode(directory=False))
     os.replace(name, directory / MARKER)
 
 
@@ -249,17 +250,12 @@ def _build_atomically(target: Path, convert, progress: bool) -> None:
     """Run ``convert(tmp_dir, step)`` into a fresh temporary directory beside ``target``, record its
     files' sizes and checksums, and move it into place (a stale or damaged ``target`` is replaced).
     The caller holds the lock, so the model is converted once."""
-    tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(target), dir=target.parent))
+    tmp = staging_directory(target, prefix=_temporary_prefix(target))
     try:
         with _progress(progress) as step:
             convert(tmp, step)
         _write_marker(tmp, _manifest(tmp))  # sha256 of the 1 GB weights: 2 s of the ~80 s conversion
-        _make_readable(tmp)
-        if target.exists():  # stale: move it aside first so the swap itself is one rename
-            stale = Path(tempfile.mkdtemp(prefix=_temporary_prefix(target) + "stale-", dir=target.parent))
-            os.replace(target, stale / "old")
-            shutil.rmtree(stale, ignore_errors=True)
-        os.replace(tmp, target)
+        move_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -283,20 +279,6 @@ def _lock(path: Path, wait: bool = True):
             yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _ordinary_mode(directory: bool) -> int:
-    """The permissions ``open`` / ``mkdir`` would give under the current umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return (0o777 if directory else 0o666) & ~umask
-
-
-def _make_readable(directory: Path) -> None:
-    """``mkdtemp`` makes the directory private (0700); give the cache ordinary permissions (umask)."""
-    directory.chmod(_ordinary_mode(directory=True))
-    for path in directory.iterdir():
-        path.chmod(_ordinary_mode(path.is_dir()))
 
 
 class _progress:
