@@ -406,3 +406,80 @@ def test_damaged_index_is_one_line_for_retrieval_and_ngram_cache(capsys, tmp_pat
     code, _, err = _run(capsys, ["generate", "--model", str(tiny_model_dir), "--prompt", "hello", "--max-new-tokens",
                                  "3", "--drafter", drafter, "-O", f"{option}={out}"])
     assert code == 2 and _one_clear_line(err) and "reversed_suffix_array.npy: empty file" in err
+
+
+# ------------------------------------------------------------------ item 13: bench --report-from
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "spec_bench_default" / "results.json"
+
+
+def _results():
+    return json.loads(RESULTS.read_text())
+
+
+def _first_run(results, method):
+    return next(run for run in results["runs"] if run["method"] == method)
+
+
+def _required_field_removals():
+    """(label, field named in the error, edit): one per field the report reads unconditionally."""
+    cases = [(f"top-level {key}", key, lambda r, key=key: r.pop(key)) for key in ("runs", "methods")]
+    cases += [(f"methods[].{key}", key, lambda r, key=key: r["methods"][0].pop(key)) for key in ("name", "kind")]
+    for key in ("repeat", "method", "kind", "category", "question_id", "new_tokens", "wall_time_s"):
+        cases.append((f"runs[].{key}", key, lambda r, key=key: r["runs"][0].pop(key)))
+    for key in ("drafted_tokens", "accepted_tokens", "target_calls", "draft_time_s", "verify_time_s"):
+        cases.append((f"runs[].stats.{key}", key, lambda r, key=key: _first_run(r, "prompt-lookup")["stats"].pop(key)))
+    cases.append(("runs[].forward.model_s", "model_s", lambda r: _first_run(r, "prompt-lookup")["forward"].pop("model_s")))
+    cases.append(("runs[].wall_time_s a string", "wall_time_s", lambda r: r["runs"][0].update(wall_time_s="fast")))
+    cases.append(("runs[] a string", "runs[0]", lambda r: r["runs"].insert(0, "x")))
+    return cases
+
+
+@pytest.mark.parametrize("label, field, edit", _required_field_removals(), ids=lambda v: v if isinstance(v, str) else "")
+def test_report_from_incomplete_results_is_one_line(capsys, tmp_path, label, field, edit):
+    """``genspec bench --report-from`` on a results file missing a field the report needs (or with one of
+    the wrong type) is one line naming the file and the field, exit 2, and writes nothing."""
+    results = _results()
+    edit(results)
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps(results))
+    code, _, err = _run(capsys, ["bench", "--report-from", str(source), "--out", str(tmp_path / "out")])
+    assert code == 2 and _one_clear_line(err), err
+    assert str(source) in err and field in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", [b"\x7fELF\x00\x01binary", b"{not json", b"[1, 2, 3]", b'{"initial": [1.0]}'])
+def test_report_from_another_file_is_one_line(capsys, tmp_path, content):
+    """``--report-from`` on a file that is not a results.json (binary, not JSON, another JSON) is one line
+    naming the file."""
+    source = tmp_path / "other.json"
+    source.write_bytes(content)
+    code, _, err = _run(capsys, ["bench", "--report-from", str(source), "--out", str(tmp_path / "out")])
+    assert code == 2 and _one_clear_line(err) and str(source) in err and "not a genspec bench results.json" in err
+
+
+def test_report_from_results_without_optional_fields_rebuilds(capsys, tmp_path):
+    """Every field the schema leaves optional can be absent: the report still rebuilds (the schema
+    requires everything the report reads unconditionally)."""
+    results = _results()
+    for key in ("settings", "machine", "model", "summary", "command", "created", "interrupted", "elapsed_s"):
+        results.pop(key, None)
+    for run in results["runs"]:
+        for key in ("phase", "error", "stats", "steps", "forward", "matches_plain", "matches_hf_plain", "k",
+                    "token_ids", "prompt_tokens", "tokens_per_second"):
+            run.pop(key, None)
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps(results))
+    code, _, err = _run(capsys, ["bench", "--report-from", str(source), "--out", str(tmp_path / "out")])
+    assert code == 0, err
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# genspec bench")
+
+
+def test_committed_results_satisfy_the_schema():
+    """Every results.json of ``genspec bench`` committed under benchmarks/results passes the check."""
+    from genspec.bench.schema import check_results
+
+    files = [p for p in RESULTS.parents[1].glob("*/results.json") if "runs" in json.loads(p.read_text())]
+    assert len(files) >= 10
+    for path in files:
+        check_results(json.loads(path.read_text()), path)
