@@ -28,8 +28,8 @@ STDLIB=$(python -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
 cat "$STDLIB"/*.py > "$WORK/mixed/python_stdlib.txt"
 H="$INDEX_ROOT/heldout"
 M="$INDEX_ROOT/mixed"
-genspec index build "$ANSWERS" --out "$H"
-genspec index build "$WORK/mixed" --out "$M"
+genspec index build "$ANSWERS" --out "$H" --force  # (re)builds its own index
+genspec index build "$WORK/mixed" --out "$M" --force
 genspec bench --methods "prompt-lookup,retrieval:index=$H,retrieval:index=$M,retrieval:index=$H:context=true,retrieval:index=$M:context=true" \
   --num-prompts 2 --max-new-tokens 128 --repeats 2 --out "$OUT"
 genspec bench --methods "ngram-cache,ngram-cache:corpus=$H" \

@@ -21,7 +21,7 @@ from genspec.drafters.retrieval import RetrievalDrafter
 from genspec.drafters.self_speculation import EarlyExitDrafter, LayerSkipDrafter, QuantizedDrafter
 from genspec.drafters.suffix import SuffixDrafter
 from genspec.engine import SpeculativeEngine
-from genspec.errors import ConfigError
+from genspec.errors import ConfigError, InputFileError
 from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM
 
@@ -31,7 +31,12 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
     if path is None:
         from genspec.models.default import default_model_dir
 
-        path = default_model_dir()
+        path = default_model_dir()  # verified against its checksums, rebuilt if damaged
+        try:
+            return HFCausalLM.from_pretrained(path, dtype=dtype, device=device)
+        except InputFileError as exc:
+            raise InputFileError(f"{exc} (the default model's cache: delete {path} to rebuild it, or set "
+                                 f"$GENSPEC_CACHE to use another directory)") from exc
     return HFCausalLM.from_pretrained(path, dtype=dtype, device=device)
 
 

@@ -11,10 +11,12 @@ candidate length.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 
+from genspec.dirs import move_into_place, staging_directory
 from genspec.errors import ConfigError, InputFileError
 from genspec.textfiles import read_utf8_text
 
@@ -22,6 +24,8 @@ from genspec.textfiles import read_utf8_text
 SEPARATOR = 0xFFFFFFFF
 INDEX_FORMAT = "genspec-retrieval-index"
 INDEX_VERSION = 1
+#: the files of an index directory
+INDEX_FILES = ("index.json", "tokens.npy", "reversed_suffix_array.npy")
 #: text whose token ids identify a tokenizer (an index only fits models with the same tokenizer)
 TOKENIZER_PROBE = "The quick brown fox, 1234 ünïcödé\n\tdef f(x): return x"
 _TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -182,35 +186,32 @@ class RetrievalIndex:
             raise InputFileError("cannot index an empty corpus: no tokens")
         return cls(tokens, suffix_array(tokens[::-1]), meta)
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, force: bool = False) -> Path:
+        """Write the index to ``directory``: a new or empty directory, or one that holds a retrieval index
+        and nothing else if ``force`` (see :func:`check_index_destination`). Written into a temporary
+        directory beside it and renamed at the end, so an interrupted build never leaves half an index
+        and the old index stays whole until the new one is complete."""
         directory = Path(directory)
+        check_index_destination(directory, force)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            np.save(directory / "tokens.npy", self.tokens)
-            np.save(directory / "reversed_suffix_array.npy", self.reversed_suffix_array)
-            meta = {**self.meta, "format": INDEX_FORMAT, "version": INDEX_VERSION, "num_tokens": len(self.tokens)}
-            (directory / "index.json").write_text(json.dumps(meta, indent=1) + "\n")
+            staged = staging_directory(directory)
+            try:
+                np.save(staged / "tokens.npy", self.tokens)
+                np.save(staged / "reversed_suffix_array.npy", self.reversed_suffix_array)
+                meta = {**self.meta, "format": INDEX_FORMAT, "version": INDEX_VERSION, "num_tokens": len(self.tokens)}
+                (staged / "index.json").write_text(json.dumps(meta, indent=1) + "\n")
+                move_into_place(staged, directory)
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
         except OSError as exc:
             raise InputFileError(f"cannot write the index to {directory}: {exc.strerror or exc}") from exc
         return directory
 
     @classmethod
     def load(cls, directory: str | Path) -> "RetrievalIndex":
-        """Load a saved index (memory-mapped, so a large datastore costs no load time)."""
-        directory = Path(directory)
-        if not (directory / "index.json").is_file():
-            raise InputFileError(f"no retrieval index at {directory} (build one with: genspec index build CORPUS "
-                                 f"--out {directory})")
-        try:
-            meta = json.loads((directory / "index.json").read_text())
-            tokens = np.load(directory / "tokens.npy", mmap_mode="r")
-            suffixes = np.load(directory / "reversed_suffix_array.npy", mmap_mode="r")
-        except (OSError, ValueError) as exc:
-            raise InputFileError(f"{directory}: broken retrieval index ({exc}); rebuild it") from exc
-        if not isinstance(meta, dict) or meta.get("format") != INDEX_FORMAT or meta.get("version") != INDEX_VERSION:
-            raise InputFileError(f"{directory}: not a genspec retrieval index of version {INDEX_VERSION}; rebuild it")
-        if len(tokens) != len(suffixes) or len(tokens) != meta.get("num_tokens"):
-            raise InputFileError(f"{directory}: index files do not match each other; rebuild it")
+        """Load a saved index (memory-mapped, so a large datastore costs no load time), validated
+        (:func:`read_index_files`): a damaged index is an :class:`InputFileError` naming the damaged file."""
+        meta, tokens, suffixes = read_index_files(directory)
         return cls(tokens, suffixes, meta)
 
     def __len__(self) -> int:
@@ -260,6 +261,95 @@ class RetrievalIndex:
         follow = np.where(inside, np.asarray(self.tokens[np.minimum(at, len(self.tokens) - 1)], dtype=np.int64), -1)
         follow[follow == SEPARATOR] = -1
         return np.where(np.cumsum(follow < 0, axis=1) > 0, -1, follow)  # nothing after a boundary
+
+
+# ------------------------------------------------------------------------------- index files
+def _rebuild_hint(directory: Path) -> str:
+    return f"rebuild it with: genspec index build CORPUS --out {directory} --force"
+
+
+def _is_index(directory: Path) -> bool:
+    try:
+        meta = json.loads((directory / "index.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == INDEX_FORMAT
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_index_destination(directory: str | Path, force: bool = False) -> None:
+    """Raise :class:`InputFileError` unless an index may be written to ``directory``: it does not exist,
+    is empty, or (with ``force``) holds a genspec retrieval index and nothing else. A directory with
+    other files is never replaced: they would be lost."""
+    directory = Path(directory)
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise InputFileError(f"--out {directory} is a file; give a directory")
+    entries = sorted(p.name for p in directory.iterdir())
+    if not entries:
+        return
+    others = [name for name in entries if name not in INDEX_FILES]
+    if not _is_index(directory):
+        raise InputFileError(f"--out {directory} is not empty and is not a genspec retrieval index (it holds "
+                             f"{_some(entries)}); give a new or empty directory")
+    if others:
+        raise InputFileError(f"--out {directory} holds a retrieval index and other files ({_some(others)}); not "
+                             f"replacing it: give a new or empty directory")
+    if not force:
+        raise InputFileError(f"--out {directory} already holds a retrieval index; pass --force to replace it")
+
+
+def read_index_files(directory: str | Path) -> tuple[dict, np.ndarray, np.ndarray]:
+    """``(meta, tokens [N] uint32, reversed_suffix_array [N] int32/int64)`` of an index directory, the
+    arrays memory-mapped. Every check names the file it failed on: ``index.json`` missing, not JSON or
+    not an index of this version; an ``.npy`` file missing, empty, truncated, with trailing bytes, of
+    the wrong dtype or shape; lengths that differ from each other or from ``index.json``. The one
+    validation of both users of an index: the ``retrieval`` drafter and ``ngram-cache``'s ``corpus``."""
+    directory = Path(directory)
+    meta_path = directory / "index.json"
+    if not meta_path.is_file():
+        raise InputFileError(f"no retrieval index at {directory} (build one with: genspec index build CORPUS "
+                             f"--out {directory})")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputFileError(f"{meta_path}: not valid JSON ({exc}); {_rebuild_hint(directory)}") from exc
+    if not isinstance(meta, dict) or meta.get("format") != INDEX_FORMAT or meta.get("version") != INDEX_VERSION:
+        raise InputFileError(f"{meta_path}: not a genspec retrieval index of version {INDEX_VERSION}; "
+                             f"{_rebuild_hint(directory)}")
+    tokens = _read_npy(directory / "tokens.npy", (np.uint32,), directory)
+    suffixes = _read_npy(directory / "reversed_suffix_array.npy", (np.int32, np.int64), directory)
+    expected = meta.get("num_tokens")
+    if len(tokens) != len(suffixes) or len(tokens) != expected:
+        raise InputFileError(f"{directory}: tokens.npy has {len(tokens):,} entries, reversed_suffix_array.npy "
+                             f"{len(suffixes):,} and index.json says {expected}; {_rebuild_hint(directory)}")
+    return meta, tokens, suffixes
+
+
+def _read_npy(path: Path, dtypes: tuple, directory: Path) -> np.ndarray:
+    """A 1-D ``.npy`` array of one of ``dtypes``, memory-mapped, checked to fill its file exactly."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: missing; {_rebuild_hint(directory)}") from None
+    if size == 0:
+        raise InputFileError(f"{path}: empty file (0 bytes); {_rebuild_hint(directory)}")
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:  # bad magic or header, truncated data ("mmap length ...")
+        raise InputFileError(f"{path}: damaged .npy file ({exc}); {_rebuild_hint(directory)}") from exc
+    if not isinstance(array, np.memmap) or array.ndim != 1 or array.dtype not in dtypes:
+        raise InputFileError(f"{path}: expected a 1-D array of {' or '.join(np.dtype(d).name for d in dtypes)}, "
+                             f"found {getattr(array, 'dtype', '?')} of shape {getattr(array, 'shape', '?')}; "
+                             f"{_rebuild_hint(directory)}")
+    if array.offset + array.nbytes != size:
+        raise InputFileError(f"{path}: {size:,} bytes where the header announces {array.offset + array.nbytes:,}; "
+                             f"{_rebuild_hint(directory)}")
+    return array
 
 
 def tokenizer_fingerprint(tokenizer) -> dict:

@@ -15,6 +15,20 @@ def _entries(directory):
     return sorted(p.name for p in directory.iterdir() if not p.name.endswith(".lock"))
 
 
+def _write_weights(directory, value: float) -> None:
+    """A valid (one-tensor) safetensors file: the cache checks that its header parses and covers it."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.full((2,), value)}, directory / "model.safetensors")
+
+
+def _weights(directory) -> float:
+    from safetensors.torch import load_file
+
+    return load_file(directory / "model.safetensors")["w"][0].item()
+
+
 def test_cache_is_built_atomically_and_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("GENSPEC_CACHE", str(tmp_path))
     calls, steps = [], []
@@ -22,7 +36,7 @@ def test_cache_is_built_atomically_and_reused(tmp_path, monkeypatch):
     def fake_convert(out_dir, step):
         calls.append(out_dir)
         step("writing")
-        (out_dir / "model.safetensors").write_bytes(b"weights")
+        _write_weights(out_dir, 1.0)
         (out_dir / "config.json").write_text("{}")
 
     monkeypatch.setattr(default, "_convert_gguf", fake_convert)
@@ -32,7 +46,7 @@ def test_cache_is_built_atomically_and_reused(tmp_path, monkeypatch):
     assert first == second == tmp_path / "models" / default.MODEL_ID
     assert len(calls) == 1 and calls[0] != first  # converted elsewhere, then renamed into place
     assert steps == ["writing"]
-    assert (first / "model.safetensors").read_bytes() == b"weights"
+    assert _weights(first) == 1.0
     assert _entries(first.parent) == [default.MODEL_ID]  # no temporary leftovers
     umask = os.umask(0)
     os.umask(umask)
@@ -56,16 +70,16 @@ def test_stale_or_half_cache_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("GENSPEC_CACHE", str(tmp_path))
     stale = tmp_path / "models" / default.MODEL_ID
     stale.mkdir(parents=True)
-    (stale / "model.safetensors").write_bytes(b"old")
+    _write_weights(stale, 0.0)
     (stale / "config.json").write_text("{}")
     (stale / default.MARKER).write_text('{"format": -1}')
 
     def convert(out_dir, step):
-        (out_dir / "model.safetensors").write_bytes(b"new")
+        _write_weights(out_dir, 2.0)
         (out_dir / "config.json").write_text("{}")
 
     monkeypatch.setattr(default, "_convert_gguf", convert)
-    assert (default.default_model_dir(progress=False) / "model.safetensors").read_bytes() == b"new"
+    assert _weights(default.default_model_dir(progress=False)) == 2.0
     (stale / "config.json").unlink()  # a damaged cache (marker present, a file missing) is rebuilt too
     assert (default.default_model_dir(progress=False) / "config.json").is_file()
     assert _entries(tmp_path / "models") == [default.MODEL_ID]

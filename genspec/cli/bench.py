@@ -188,15 +188,21 @@ def run_bench(args) -> int:
 def rebuild_report(args, console) -> int:
     from genspec.bench.run import write_outputs
 
+    from genspec.bench.schema import check_results
+
     source = Path(args.report_from)
     try:
-        results = json.loads(source.read_text())
+        results = json.loads(source.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise InputFileError(f"results file not found: {source}") from exc
-    except (OSError, ValueError) as exc:
-        raise InputFileError(f"cannot read results file {source}: {exc}") from exc
-    if not isinstance(results, dict) or not isinstance(results.get("runs"), list) or "methods" not in results:
-        raise InputFileError(f"{source}: not a genspec bench results.json")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{source}: not a genspec bench results.json (binary or not UTF-8 text)") from exc
+    except json.JSONDecodeError as exc:
+        raise InputFileError(f"{source}: not a genspec bench results.json (not JSON: {exc.msg} at line "
+                             f"{exc.lineno}, column {exc.colno})") from exc
+    except OSError as exc:
+        raise InputFileError(f"cannot read results file {source}: {exc.strerror or exc}") from exc
+    check_results(results, source)  # every field the report reads, before anything is written
     out = Path(args.out) if args.out else source.parent
     check_output_dir(out)
     results.pop("summary", None)

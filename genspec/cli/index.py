@@ -1,9 +1,11 @@
-"""``genspec index build CORPUS --out DIR [--model PATH]``: the datastore of the ``retrieval`` drafter.
+"""``genspec index build CORPUS --out DIR [--model PATH] [--force]``: the datastore of the ``retrieval`` drafter.
 
 CORPUS is a UTF-8 text file, a ``.jsonl`` file (a ``"text"`` field per line), or a directory of
 ``.txt`` / ``.jsonl`` files. It is tokenised with the model's tokenizer (default: the embedded
 model's) and saved with the suffix array that the drafter searches (see :mod:`genspec.datastore`
-and :mod:`genspec.drafters.retrieval`). Use it with ``genspec generate --drafter retrieval -O index=DIR``.
+and :mod:`genspec.drafters.retrieval`). DIR must be new or empty; an index already there is replaced
+only with ``--force``, and a directory holding other files never. Use it with
+``genspec generate --drafter retrieval -O index=DIR``.
 """
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ def add_parser(subparsers) -> None:
                                description="Tokenise CORPUS (a .txt or .jsonl file, or a directory of them) "
                                            "with the model's tokenizer and save a suffix-array datastore in DIR.")
     build.add_argument("corpus", metavar="CORPUS", help="text file, .jsonl file, or directory of .txt/.jsonl files")
-    build.add_argument("--out", required=True, metavar="DIR", help="directory to write the datastore to")
+    build.add_argument("--out", required=True, metavar="DIR",
+                       help="directory to write the datastore to: new or empty, or an index to replace with --force")
+    build.add_argument("--force", action="store_true",
+                       help="replace the retrieval index already in DIR (a directory with other files is never "
+                            "replaced); the new index is written beside it and renamed at the end")
     build.add_argument("--model", metavar="PATH", help="model directory whose tokenizer to use "
                                                        "(default: the embedded Gemma 3 270M)")
     build.set_defaults(func=run_build)
@@ -54,18 +60,18 @@ def load_tokenizer(model: str | None):
 
 
 def run_build(args) -> int:
-    from genspec.datastore import RetrievalIndex, read_corpus, tokenizer_fingerprint, tokenize_documents
+    from genspec.datastore import (RetrievalIndex, check_index_destination, read_corpus, tokenizer_fingerprint,
+                                   tokenize_documents)
 
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise InputFileError(f"--out {out} is a file; give a directory")
+    check_index_destination(out, args.force)  # before the corpus and the (slow) tokenizer: nothing is lost
     started = time.perf_counter()
     documents = read_corpus(args.corpus)  # corpus errors before the (slow) tokenizer load
     tokenizer = load_tokenizer(args.model)
     token_ids = tokenize_documents(documents, tokenizer)
     index = RetrievalIndex.from_documents(token_ids, {"source": str(args.corpus), "num_documents": len(documents),
                                                       **tokenizer_fingerprint(tokenizer)})
-    index.save(out)
+    index.save(out, force=args.force)
     print(f"indexed {len(index) - len(documents):,} tokens from {len(documents):,} documents into {out} "
           f"({time.perf_counter() - started:.1f} s)", file=sys.stderr)
     return 0

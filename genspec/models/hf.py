@@ -26,6 +26,13 @@ from genspec.errors import ConfigError, InputFileError
 from genspec.models.base import CausalLM, PrefixKV
 from genspec.models.head import LMHead
 
+#: files that make a model directory's tokenizer (if one is there but does not load, that is an error)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
 
 def decoder_view(decoder, kept: list[int], final_norm: bool = True):
     """A shallow copy of a decoder stack that runs only the layers ``kept`` (weights shared); without
@@ -129,14 +136,21 @@ class HFCausalLM(CausalLM):
         torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if not isinstance(torch_dtype, torch.dtype):
             raise ConfigError(f"unknown dtype {dtype!r}")
+        from safetensors import SafetensorError  # a truncated or overwritten weights file
+
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise InputFileError(f"cannot load model from {path}: {str(exc).splitlines()[0]}") from exc
+        except (OSError, ValueError, SafetensorError) as exc:
+            raise InputFileError(f"cannot load model from {path}: {_first_line(exc)}") from exc
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError):
-            tokenizer = None
+        except Exception as exc:  # noqa: BLE001 - a broken tokenizer.json raises ValueError, KeyError, ...
+            if any((path / name).exists() for name in _TOKENIZER_FILES):  # there is one, but it is broken
+                raise InputFileError(f"cannot load the tokenizer in {path}: {type(exc).__name__}: "
+                                     f"{_first_line(exc)}") from exc
+            if not isinstance(exc, (OSError, ValueError)):
+                raise
+            tokenizer = None  # a model without a tokenizer: token ids only
         return cls(model.to(device), tokenizer, fast_kernels=fast_kernels)
 
     # ---------------------------------------------------------------- cache state
