@@ -720,7 +720,7 @@ def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
     position where ``valid`` ``[B, ...]`` is True: nothing can be drawn from them. One max over the
     vocabulary, into which a NaN or +inf propagates (a lone -inf is a masked token and fine). On the
     embedded model it cost 0.0-3.3% of the target pass it follows (blocks of 1-4 rows x 1-9 tokens,
-    logits [rows, width, 262144]), ``isfinite().all()`` up to 10x more (``python
+    logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
     benchmarks/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
     peak = scores.amax(-1)
     bad = ~torch.isfinite(peak) & valid.to(peak.device)
