@@ -5,7 +5,8 @@ probabilities, ``target_probs`` the large model's. (The theory paper calls them 
 """
 __version__ = "0.1.0"
 
-from genspec.errors import ConfigError, ContextLengthError, GenspecError, InputFileError  # noqa: E402,F401
+from genspec.errors import (  # noqa: E402,F401
+    ConfigError, ContextLengthError, GenerationError, GenspecError, InputFileError, NumericalError)
 from genspec.api import DRAFTERS, build_drafter, load, load_model  # noqa: E402,F401
 from genspec.engine import GenerationConfig, SpeculativeEngine  # noqa: E402,F401
 from genspec.sampling import SamplingConfig  # noqa: E402,F401

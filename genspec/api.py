@@ -26,8 +26,25 @@ from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM
 
 
+#: dtypes the embedded model cannot run in, and why. float16: Gemma 3's residual stream outgrows float16's
+#: largest value (65,504): after layer 6 its largest activation is 54,688, layer 7's is inf, and every
+#: logit is NaN from then on, on any prompt (also in transformers' own forward; float16 is not a CPU
+#: limitation, bfloat16 has float32's range). Measured with ``python benchmarks/nan_check_cost.py --dtypes``.
+EMBEDDED_MODEL_FAILS_IN = {"float16": "its activations exceed float16's largest value (65,504) from layer 7 on, "
+                                      "so every logit is NaN"}
+
+
+def check_dtype(path: str | None, dtype: str) -> None:
+    """Refuse a dtype the model cannot run in (known for the embedded one: ``path`` None), before loading."""
+    if path is None and dtype in EMBEDDED_MODEL_FAILS_IN:
+        raise ConfigError(f"dtype {dtype} cannot work with the embedded Gemma 3 270M: "
+                          f"{EMBEDDED_MODEL_FAILS_IN[dtype]}; use float32 (the default) or bfloat16")
+
+
 def load_model(path: str | None = None, dtype: str = "float32", device: str = "cpu") -> HFCausalLM:
-    """A target model from a local directory, or the embedded default (Gemma 3 270M) if ``path`` is None."""
+    """A target model from a local directory, or the embedded default (Gemma 3 270M) if ``path`` is None.
+    A dtype the embedded model cannot run in is refused before anything loads."""
+    check_dtype(path, dtype)
     if path is None:
         from genspec.models.default import default_model_dir
 
@@ -38,6 +55,16 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
             raise InputFileError(f"{exc} (the default model's cache: delete {path} to rebuild it, or set "
                                  f"$GENSPEC_CACHE to use another directory)") from exc
     return HFCausalLM.from_pretrained(path, dtype=dtype, device=device)
+
+
+def model_context(path: str | None = None) -> int | None:
+    """The context length (tokens) of the model at ``path`` (None: the embedded one), read from its
+    config.json without loading weights; None if it says none or cannot be read (loading then reports why)."""
+    if path is None:
+        from genspec.models.default import default_model_dir
+
+        path = default_model_dir()
+    return HFCausalLM.context_of(path)
 
 
 #: drafter name -> its factory ``for_target(target, **options)``; ``none`` means plain decoding

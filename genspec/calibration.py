@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from genspec.errors import ConfigError, InputFileError
+from genspec.textfiles import read_utf8_text
 from genspec.theory.leviathan import expected_tokens_per_call
 
 CALIBRATION_PROMPTS = [
@@ -152,33 +153,40 @@ def search_layer_skip(target, num_draft_tokens: int = 4, tokens: int = 48,
 
 
 # ---------------------------------------------------------------- draft vocabulary
-def draft_vocabulary(target, size: int, corpus: Iterable[str | Path] = ()) -> dict:
-    """The ``size`` most frequent token ids of the UTF-8 text files ``corpus`` (none: of the target's
-    own greedy samples of the calibration prompts), plus the special tokens, sorted. Returns
-    ``{"token_ids", "source", "coverage"}`` (coverage: fraction of the counted tokens they cover)."""
+def draft_vocabulary(target, size: int, corpus: Iterable[str | Path] = (), texts: list[str] | None = None) -> dict:
+    """The ``size`` most frequent token ids of the UTF-8 text files ``corpus`` (or of ``texts`` already
+    read with :func:`read_corpus_files`; neither: of the target's own greedy samples of the calibration
+    prompts), plus the special tokens, sorted. Returns ``{"token_ids", "source", "coverage"}``
+    (coverage: fraction of the counted tokens they cover)."""
     if size < 1:
         raise ConfigError(f"size must be >= 1, got {size}")
-    corpus = list(corpus)
     counts: Counter[int] = Counter()
-    if corpus:
-        for path in corpus:
-            try:
-                text = Path(path).read_text(encoding="utf-8")
-            except FileNotFoundError as exc:
-                raise InputFileError(f"corpus file not found: {path}") from exc
-            except (OSError, UnicodeDecodeError) as exc:
-                raise InputFileError(f"cannot read {path} as UTF-8 text: {exc}") from exc
-            counts.update(target.tokenizer(text)["input_ids"])
+    texts = read_corpus_files(corpus) if texts is None else texts
+    if texts:
+        for text in texts:  # the text's own tokens: a BOS the tokenizer adds is no evidence of anything
+            counts.update(target.tokenizer(text, add_special_tokens=False)["input_ids"])
         source = "corpus"
     else:
         for text in calibration_text(target, 256):
             counts.update(text)
         source = "target samples"
     if not counts:
-        raise InputFileError("the corpus has no text")
+        raise InputFileError("the corpus has no tokens")
     special = [i for i in (target.tokenizer.all_special_ids or []) if i < target.vocab_size]
     ids, covered = most_frequent_tokens(counts, size, special)
     return {"token_ids": ids, "source": source, "coverage": covered}
+
+
+def read_corpus_files(paths: Iterable[str | Path]) -> list[str]:
+    """The texts of the corpus files ``paths`` (UTF-8); an empty or blank file is an error, not a corpus
+    that covers "100%" of nothing. Called before any model loads, so a bad file fails at once."""
+    texts = []
+    for path in paths:
+        text = read_utf8_text(path, "corpus file")
+        if not text.strip():
+            raise InputFileError(f"corpus file {path} is empty: a draft vocabulary needs text to count")
+        texts.append(text)
+    return texts
 
 
 def most_frequent_tokens(counts: Counter, size: int, always: Iterable[int] = ()) -> tuple[list[int], float]:

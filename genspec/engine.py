@@ -25,7 +25,7 @@ import torch
 from genspec.acceptance import RESIDUALS, Verdict, verify
 from genspec.draft_length import POLICIES, CostModel, DraftCost, DraftLength, RowPlan, plan
 from genspec.drafters.base import Draft, DraftBlock, Drafter, DraftRequest, RequestContext
-from genspec.errors import ConfigError, ContextLengthError
+from genspec.errors import ConfigError, ContextLengthError, GenerationError, GenspecError, NumericalError
 from genspec.models.base import CausalLM
 from genspec.randomness import RequestRandomness
 from genspec.sampling import SamplingConfig, block_seen_mask, seen_mask
@@ -69,7 +69,10 @@ class GenerationConfig:
             raise ConfigError(f"draft_length must be one of {POLICIES}, got {self.draft_length!r}")
         if self.residual not in RESIDUALS:
             raise ConfigError(f"residual must be one of {RESIDUALS}, got {self.residual!r}")
-        self.stop_strings = tuple(self.stop_strings or ())
+        self.stop_strings = (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings or ())
+        if any(not isinstance(s, str) or not s for s in self.stop_strings):
+            # an empty stop string is found in any text: the request would stop after its first token
+            raise ConfigError(f"stop strings must be non-empty text, got {list(self.stop_strings)!r}")
         self.sampling  # validates temperature, top-k, top-p, penalty
 
     @property
@@ -204,6 +207,7 @@ class _Request:
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.exception: Exception | None = None  # why it failed (finish_reason "error")
         self.stats = RequestStats()
         self.started_at = 0.0
         self.reads_hidden = drafter is not None and drafter.reads_target_hidden
@@ -212,6 +216,11 @@ class _Request:
     @property
     def sequence(self) -> list[int]:
         return self.prompt + self.generated
+
+    def fail(self, exception: Exception) -> None:
+        """The request ends with ``finish_reason`` "error"; nothing of the current step is kept."""
+        self.finish_reason, self.exception = "error", exception
+        self.error = str(exception) if isinstance(exception, GenspecError) else f"{type(exception).__name__}: {exception}"
 
     def take_hidden(self) -> torch.Tensor | None:
         """The target's hidden states of the tokens committed since the drafter last saw any (None when
@@ -270,6 +279,9 @@ class SpeculativeEngine:
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []  # in the target's row order
         self._cancelled: list[_Request] = []
+        # requests of generate / stream calls -> their steps not yet read by that call: whichever call steps
+        # the engine, each request's steps reach its own reader (a paused stream misses nothing)
+        self._inboxes: dict[int, list[tuple[RequestStep, Exception | None]]] = {}
         self._ids = itertools.count()
         self.target.reset(0)
 
@@ -325,12 +337,18 @@ class SpeculativeEngine:
             record.requests[request.id] = RequestStep([], 0, 0, [], "cancelled", request.stats)
         self._cancelled = []
         self._admit(record)
+        failures: dict[int, Exception | None] = {}
         if self._running:
             groups = self._draft(record)
             self._verify(groups, record)
             self._commit(groups)
             self._emit(groups, record)
-            self._release([r for r in self._running if r.finish_reason is not None])
+            leaving = [r for r in self._running if r.finish_reason is not None]
+            failures = {r.id: r.exception for r in leaving}
+            self._release(leaving)
+        for request_id, request_step in record.requests.items():
+            if request_id in self._inboxes:
+                self._inboxes[request_id].append((request_step, failures.get(request_id)))
         record.total_time_s = time.perf_counter() - started
         record.outside_model_time_s = (record.total_time_s - record.prefill_time_s - record.target_time_s
                                        - record.draft_model_time_s)
@@ -340,21 +358,28 @@ class SpeculativeEngine:
     def generate_ids(self, prompts: list[list[int]], config: GenerationConfig | None = None,
                      **overrides) -> list[RequestResult]:
         """Generate for a batch of token-id prompts; returns one result per prompt. With a seed, prompt i
-        uses the seed's i-th random stream."""
+        uses the seed's i-th random stream. A request that fails (its drafter raised, or NaN / inf
+        logits) raises :class:`~genspec.errors.GenerationError` (or its subclass
+        :class:`~genspec.errors.NumericalError`), and the call's other requests are cancelled."""
         config = _config(config, overrides)
         if not prompts:
             raise ConfigError("no prompts given")
         for prompt in prompts:
             self._check_prompt(prompt)
-        ids = [self.add_request(p, config, sample_index=i) for i, p in enumerate(prompts)]
+        ids = self._add_own([(p, config, i) for i, p in enumerate(prompts)])
         tokens: dict[int, list[int]] = {i: [] for i in ids}
         finished: dict[int, RequestStep] = {}
-        while any(i not in finished for i in ids):
-            for request_id, step in self.step().requests.items():
-                if request_id in tokens:
-                    tokens[request_id].extend(step.new_tokens)
-                    if step.finish_reason is not None:
-                        finished[request_id] = step
+        try:
+            while len(finished) < len(ids):
+                if not any(self._inboxes[i] for i in ids if i not in finished):
+                    self.step()
+                for i in ids:
+                    for step in self._read(i) if i not in finished else ():
+                        tokens[i].extend(step.new_tokens)
+                        if step.finish_reason is not None:
+                            finished[i] = step
+        finally:
+            self._disown([i for i in ids if i not in finished])
         return [RequestResult(tokens[i], finished[i].stats, finished[i].finish_reason,
                               self._decode(tokens[i]) if self.tokenizer is not None else None) for i in ids]
 
@@ -364,16 +389,17 @@ class SpeculativeEngine:
         return self.generate_ids(self._encode(prompts), config, **overrides)
 
     def stream(self, prompt: str, config: GenerationConfig | None = None, **overrides) -> Iterator[str]:
-        """Yield the text of one request in chunks, as tokens are accepted."""
-        request_id = self.add_request(self._encode(prompt)[0], config, **overrides)
+        """Yield the text of one request in chunks, as tokens are accepted. Streams and ``generate`` calls
+        may interleave on one engine: each reads only its own request's steps, whoever ran them."""
+        request_id = self._add_own([(self._encode(prompt)[0], _config(config, overrides), 0)])[0]
         tokens, shown, done = [], "", False
         try:
             while not done:
-                step = self.step().requests.get(request_id)
-                if step is None:
-                    continue
-                tokens += step.new_tokens
-                done = step.finish_reason is not None
+                if not self._inboxes[request_id]:
+                    self.step()
+                for step in self._read(request_id):
+                    tokens += step.new_tokens
+                    done = step.finish_reason is not None
                 text = self._decode(tokens)
                 if text.endswith("\ufffd") and not done:  # an incomplete multi-byte character: wait for the rest
                     continue
@@ -382,7 +408,42 @@ class SpeculativeEngine:
                     shown = text
         finally:
             if not done:  # the caller stopped reading: free the request's row
-                self.cancel(request_id)
+                self._disown([request_id])
+
+    def _add_own(self, requests: list[tuple[list[int], GenerationConfig, int]]) -> list[int]:
+        """Queue requests whose steps a thin loop reads (``(prompt, config, sample_index)`` each). Refused
+        while requests added with :meth:`add_request` run: the loop's steps would take theirs from
+        their caller."""
+        foreign = [r.id for r in self._waiting + self._running if r.id not in self._inboxes]
+        if foreign:
+            raise ConfigError(f"requests added with add_request are running ({len(foreign)}): step them to the end "
+                              "(or cancel them) before calling generate or stream, which step the whole engine")
+        ids = []
+        try:
+            for prompt, config, index in requests:
+                ids.append(self.add_request(prompt, config, sample_index=index))
+                self._inboxes[ids[-1]] = []
+        except Exception:
+            self._disown(ids)
+            raise
+        return ids
+
+    def _read(self, request_id: int) -> list[RequestStep]:
+        """The steps of a thin loop's request not yet read (its inbox closes after the last one); raises
+        the request's error if it failed."""
+        entries, self._inboxes[request_id] = self._inboxes[request_id], []
+        for step, exception in entries:
+            if step.finish_reason is not None:
+                del self._inboxes[request_id]
+            if step.finish_reason == "error":
+                raise exception if isinstance(exception, GenspecError) else GenerationError(step.error)
+        return [step for step, _ in entries]
+
+    def _disown(self, request_ids: list[int]) -> None:
+        """A thin loop stops reading these requests: those still running are cancelled."""
+        for request_id in request_ids:
+            self.cancel(request_id)
+            self._inboxes.pop(request_id, None)
 
     # ------------------------------------------------------------------ the step's parts
     def _admit(self, record: StepRecord) -> None:
@@ -457,19 +518,29 @@ class SpeculativeEngine:
     @staticmethod
     def _propose(drafter: Drafter, requests: list[_Request], limits: list[int]) -> Draft:
         """The drafter's proposal for these requests. If it fails, each request is proposed for alone, and a
-        request whose own proposal fails fails alone (``finish_reason`` "error"; it verifies nothing)."""
+        request whose own proposal fails fails alone (``finish_reason`` "error"; it verifies nothing); so
+        does a request whose draft law holds NaN or inf (the acceptance rule would not be lossless on it)."""
         rows = [DraftRequest(r.id, r.sequence, n, r.take_hidden()) for r, n in zip(requests, limits)]
         try:
-            return drafter.propose(rows)
+            draft = drafter.propose(rows)
         except Exception:  # noqa: BLE001 - find the request(s) at fault; the others go on
             drafts = []
             for request, row in zip(requests, rows):
                 try:
                     drafts.append(drafter.propose([row]))
                 except Exception as exc:  # noqa: BLE001 - reported on the request, the engine goes on
-                    request.finish_reason, request.error = "error", f"{type(exc).__name__}: {exc}"
+                    request.fail(GenerationError(f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"))
                     drafts.append(Draft.empty(1))
-            return Draft.stack(drafts)
+            draft = Draft.stack(drafts)
+        if draft.probs is None:
+            return draft
+        drafted = torch.arange(draft.width) < draft.lengths.unsqueeze(-1)  # [B, M, k]
+        bad = unusable_rows(draft.probs, drafted)
+        for row in bad:
+            requests[row].fail(NumericalError(
+                f"drafter {drafter.name!r}: its draft law contains NaN or inf (computed in "
+                f"{str(draft.probs.dtype).replace('torch.', '')}); nothing can be verified against it"))
+        return draft.clipped([0 if i in bad else n for i, n in enumerate(draft.lengths.amax(1).tolist())]) if bad else draft
 
     def _verify(self, groups: list[_Group], record: StepRecord) -> None:
         """One target pass over every row's block, then each group's acceptance rule."""
@@ -497,6 +568,16 @@ class SpeculativeEngine:
         logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix, return_hidden=reads_hidden)
         if reads_hidden:
             logits, hidden = logits
+        bad = unusable_rows(logits, valid)
+        if bad:  # those requests fail; their rows are verified on zeros so that the others go on
+            for row in bad:
+                request = self._running[row]
+                request.fail(NumericalError(
+                    f"the target model's logits contain NaN or inf (computed in "
+                    f"{str(logits.dtype).replace('torch.', '')}) at output position {len(request.generated)}: "
+                    "nothing can be sampled from them; a model whose activations overflow its dtype works in "
+                    "float32 (or bfloat16)"))
+            logits = logits.masked_fill(torch.isin(torch.arange(batch), torch.tensor(bad))[:, None, None], 0.0)
         record.target_time_s = time.perf_counter() - started
         for group in groups:
             group.verdict = self._accept(group, logits[torch.tensor(group.rows), :group.block.tokens.shape[1]])
@@ -632,6 +713,18 @@ class SpeculativeEngine:
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
+    """Rows of ``scores`` ``[B, ..., V]`` (logits or laws) with a NaN or +inf, or nothing but -inf, at a
+    position where ``valid`` ``[B, ...]`` is True: nothing can be drawn from them. One max over the
+    vocabulary, into which a NaN or +inf propagates (a lone -inf is a masked token and fine). On the
+    embedded model it cost 0.0-3.3% of the target pass it follows (blocks of 1-4 rows x 1-9 tokens,
+    logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
+    benchmarks/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
+    peak = scores.amax(-1)
+    bad = ~torch.isfinite(peak) & valid.to(peak.device)
+    return bad.reshape(bad.shape[0], -1).any(-1).nonzero().flatten().tolist()
 
 
 def _by_drafter(requests: list[_Request]) -> list[tuple[Drafter, list[_Request]]]:

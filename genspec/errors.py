@@ -15,3 +15,12 @@ class InputFileError(GenspecError, ValueError):
 
 class ContextLengthError(GenspecError, ValueError):
     """A prompt (plus the tokens to generate) does not fit the model's context window."""
+
+
+class GenerationError(GenspecError, RuntimeError):
+    """A request failed while generating: its drafter raised, or a model's output was unusable."""
+
+
+class NumericalError(GenerationError):
+    """A model's logits (or a drafter's law) contain NaN or inf: nothing can be sampled from them, so the
+    request fails rather than emit made-up tokens (e.g. a dtype whose range the activations exceed)."""

@@ -10,6 +10,25 @@ deterministic drafter a seeded request produces exactly plain sampling's tokens 
 
 Streams come from :class:`numpy.random.SeedSequence` (seed, sample index): ``n > 1`` samples of one
 seeded call are independent and each reproducible on its own.
+
+What a seed reproduces. The token at position t is a function of the tokens before it, the uniforms of
+position t and the draft at t (whether t was drafted, and what). With a drafter whose drafts are point
+masses (the model-free drafters, trained heads' trees) the coupling above makes it plain sampling's
+token whatever was drafted: a seeded request gives the same tokens under every draft-length policy
+and batch composition. A drafter that samples its drafts (``Drafter.samples_drafts``: a draft model,
+self-speculation, a head's chain) gets the standard rule's token, which depends on whether t was
+drafted, and no rule can remove that dependence and keep the standard rule's acceptance probability
+1 - TV(p, q): the token would then be a function of the target's law and shared randomness alone while
+the draft is one of the draft's law and shared randomness alone (it is drawn before the target runs),
+and every such "correlated sampling" scheme disagrees with probability about 2 TV / (1 + TV) > TV on
+some pairs of laws (Bavarian et al. 2016, "Optimality of correlated sampling strategies"). So with such
+a drafter a seed reproduces the tokens exactly when the draft lengths are reproducible: under the
+``fixed`` and ``heuristic`` policies, whose lengths follow the request's own history (alone or in any
+batch), not under ``cost``, whose lengths follow measured times and the batch. Such a drafter's own
+draws (``draft_generator``) are a sequential stream of the request: drawing them by position instead
+would not remove the dependence above, and a position's uniform reused after a rejection would carry
+what the discarded draft revealed (a confidence stop shortens the step, the cost policy reads the
+time) into the next draft at that position, so that the rule would no longer be exactly lossless.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Reading the text files users hand to genspec (corpora, edit sources): UTF-8 or a clear one-line error."""
+"""The files users hand to genspec: text to read (corpora, edit sources: UTF-8 or a clear one-line error),
+and output files checked writable before any slow work."""
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from genspec.errors import InputFileError
@@ -23,3 +25,18 @@ def read_utf8_text(path: str | Path, what: str, expected: str = "UTF-8 text") ->
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputFileError(f"{path}: not UTF-8 text (byte {exc.start}); the {what} must be {expected}") from exc
+
+
+def check_output_file(path: str | Path, what: str = "output file") -> None:
+    """Make sure ``path`` can be written (its directory is created if missing) before the work that
+    produces it starts: a directory in its place, a file in the way of its directory or a read-only
+    directory raise :class:`InputFileError` now, not after minutes of work. Nothing is written to it."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputFileError(f"{what} {path} is a directory; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".genspec-write-test-"):
+            pass
+    except OSError as exc:
+        raise InputFileError(f"cannot write {what} {path}: {exc.strerror or exc}") from exc

@@ -64,11 +64,11 @@ def execute(s: dict, prompts, console, command: str) -> dict:
                               temperature=s["temperature"], seed=s["seed"], draft_length=s["draft_length"])
     with console.status("loading the target model (genspec)"):
         model_path = s["model"]
-        if model_path is None:
+        target = genspec.load_model(None if model_path is None else str(model_path), dtype=s["dtype"])
+        if model_path is None:  # the embedded model (load_model refuses a dtype it cannot run in)
             from genspec.models.default import default_model_dir
 
             model_path = default_model_dir()
-        target = genspec.load_model(str(model_path), dtype=s["dtype"])
     eos = list(target.eos_token_ids)  # what generate() stops at too: the tokenizer's and the model's
     config = replace(config, eos_token_ids=tuple(eos))
     drafters = {}

@@ -3,12 +3,18 @@
 Each subcommand lives in its own module and exposes ``add_parser(subparsers)``; the parser it adds
 sets ``func`` to a callable taking the parsed ``argparse.Namespace`` and returning an exit code.
 Errors a user can fix (:class:`genspec.errors.GenspecError`) are printed as one line, exit code 2.
+A reader that closes the output early (``genspec ... | head``) ends the command quietly, as it ends Unix
+tools: no traceback, exit code 141 (128 + SIGPIPE, what a shell reports for a tool killed by it).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+#: exit code after the reader of standard output went away (128 + SIGPIPE)
+BROKEN_PIPE = 141
 
 # subcommand modules, in the order ``genspec --help`` lists them
 _SUBCOMMANDS = [
@@ -49,11 +55,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2 if args.command is None else 0
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so that a reader gone by now is noticed below, not at interpreter exit
+        return code
     except GenspecError as exc:
         print(f"genspec: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("genspec: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # what is left in stdout's buffer can go nowhere: point stdout at /dev/null so that the flush at
+        # exit does not raise again (the recipe of Python's signal module documentation)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE
 

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from genspec.errors import ConfigError, InputFileError
+from genspec.textfiles import check_output_file
 
 
 def add_parser(subparsers) -> None:
@@ -40,6 +41,7 @@ def run_search(args) -> int:
     k = args.num_draft_tokens
     if k < 1:  # before the (slow) model load
         raise ConfigError(f"num_draft_tokens must be >= 1, got {k}")
+    check_output_file(args.out, "--out file")
     target = genspec.load_model(args.model)
     search, key = (search_early_exit, "exit_layer") if args.what == "early-exit" else (search_layer_skip, "skip")
     with console.status("") as status:
@@ -53,12 +55,14 @@ def run_search(args) -> int:
 
 def run_draft_vocab(args) -> int:
     import genspec
-    from genspec.calibration import draft_vocabulary
+    from genspec.calibration import draft_vocabulary, read_corpus_files
 
-    if args.size < 1:
+    if args.size < 1:  # everything is checked before the (slow) model load
         raise ConfigError(f"--size must be >= 1, got {args.size}")
+    texts = read_corpus_files(args.corpus)
+    check_output_file(args.out, "--out file")
     target = genspec.load_model(args.model)
-    vocab = draft_vocabulary(target, args.size, args.corpus)
+    vocab = draft_vocabulary(target, args.size, texts=texts or None)
     _write_json(args.out, vocab)
     print(f"{len(vocab['token_ids'])} token ids covering {vocab['coverage']:.1%} of the {vocab['source']}; "
           f"written to {args.out}")

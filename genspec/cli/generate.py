@@ -4,8 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from genspec.errors import ConfigError
+from genspec.errors import ConfigError, ContextLengthError, InputFileError
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,12 +45,46 @@ def parse_option(text: str) -> tuple[str, object]:
 
 
 def drafter_options(args) -> dict:
+    """The drafter options of ``-O``, ``--num-drafts`` and ``--edit-source``, checked before anything loads
+    (the edit source is read here: a missing or binary file fails at once, not after the model load)."""
+    from genspec.textfiles import read_utf8_text
+
     options = dict(parse_option(o) for o in args.drafter_option)
+    if args.num_drafts < 1:
+        raise ConfigError(f"--num-drafts must be >= 1, got {args.num_drafts}")
     if args.num_drafts != 1:
         options["num_drafts"] = args.num_drafts
     if getattr(args, "edit_source", None) is not None:
-        options["edit_source_file"] = args.edit_source
+        if "edit_source" in options:
+            raise ConfigError("give the edit source as --edit-source FILE or -O edit_source=TEXT, not both")
+        options["edit_source"] = read_utf8_text(args.edit_source, "edit source file")
+    if args.draft_model is not None and not Path(args.draft_model).exists():
+        raise InputFileError(f"no draft model at {args.draft_model}: --draft-model takes a model directory")
     return options
+
+
+def check_model(model: str | None, dtype: str, max_new_tokens: int) -> None:
+    """Refuse, before the model loads, a dtype it cannot run in and a ``--max-new-tokens`` that no prompt
+    leaves room for in its context (read from its config.json)."""
+    from genspec.api import check_dtype, model_context
+
+    check_dtype(model, dtype)
+    context = model_context(model)
+    if context is not None and max_new_tokens >= context:
+        raise ContextLengthError(f"--max-new-tokens {max_new_tokens} does not fit the model's context of {context} "
+                                 f"tokens (prompt included)")
+
+
+def check_prompt_fits(engine, prompt: str, max_new_tokens: int) -> None:
+    """Refuse a prompt + ``--max-new-tokens`` longer than the model's context (as the server does),
+    instead of generating fewer tokens than asked."""
+    context = engine.target.max_context
+    if context is None or engine.tokenizer is None:
+        return
+    prompt_tokens = len(engine.tokenizer(prompt)["input_ids"])
+    if prompt_tokens < context < prompt_tokens + max_new_tokens:
+        raise ContextLengthError(f"the prompt has {prompt_tokens} tokens, so --max-new-tokens {max_new_tokens} "
+                                 f"does not fit the model's context of {context}: at most {context - prompt_tokens}")
 
 
 def generation_config(args):
@@ -68,7 +103,8 @@ def add_parser(subparsers) -> None:
     gen.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
     gen.add_argument("--num-samples", type=int, default=1, help="independent samples (decoded as one batch)")
     gen.add_argument("--json", action="store_true", help="print one JSON object: samples and stats")
-    gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
+    gen.add_argument("--stream", action="store_true",
+                     help="print text as it is accepted (one sample; not with --json, which prints at the end)")
     gen.add_argument("--edit-source", metavar="FILE",
                      help="text the output rewrites (drafter edit: the input is the draft)")
     add_sampling_arguments(gen)
@@ -102,11 +138,22 @@ def run_generate(args) -> int:
 
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if args.stream and args.json:
+        raise ConfigError("--stream and --json cannot be combined: --json prints one object when generation ends")
+    if args.stream and args.num_samples > 1:
+        raise ConfigError("--stream prints one sample as it comes; it cannot be combined with --num-samples > 1")
+    config = generation_config(args)  # everything is checked before the (slow) model load
+    options = drafter_options(args)
+    check_model(args.model, args.dtype, args.max_new_tokens)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    config = generation_config(args)  # validate before loading the model
-    engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
-                          **drafter_options(args))
-    if args.stream and not args.json and args.num_samples == 1:
+    engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype, **options)
+    check_prompt_fits(engine, prompt, args.max_new_tokens)
+    if engine.drafter is not None and engine.drafter.samples_drafts and args.seed is not None \
+            and args.temperature > 0 and args.draft_length == "cost":
+        print(f"genspec: warning: drafter {args.drafter!r} samples its drafts, so the seeded output depends on the "
+              "draft lengths, which --draft-length cost takes from measured times: use fixed or heuristic for "
+              "reproducible samples", file=sys.stderr)
+    if args.stream:
         for chunk in engine.stream(prompt, config):
             print(chunk, end="", flush=True)
         print()

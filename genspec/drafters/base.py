@@ -221,6 +221,11 @@ class Drafter(ABC):
     #: the drafter reads the target's hidden states (EAGLE-style heads): the engine then asks the target
     #: for them and hands them over in :attr:`RequestContext.hidden` and :attr:`DraftRequest.hidden`
     reads_target_hidden: bool = False
+    #: for a sampled request the drafter draws its drafts from a law it hands to the verifier (a draft model,
+    #: a head's chain). A seeded request's tokens then depend on where its drafts stop, so they reproduce only
+    #: under a draft-length policy that does not read the clock (see :mod:`genspec.randomness`). False: its
+    #: drafts are point masses (lookups, trees), verified so that the tokens are plain sampling's.
+    samples_drafts: bool = False
 
     @classmethod
     def for_target(cls, target: CausalLM, **options) -> "Drafter":

@@ -43,6 +43,7 @@ class DraftModelDrafter(Drafter):
     """
 
     name = "draft-model"
+    samples_drafts = True
 
     def __init__(self, model: CausalLM, num_drafts: int = 1, confidence_threshold: float = 0.0,
                  inner: Drafter | None = None, reuse_layers: bool = True):

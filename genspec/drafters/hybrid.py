@@ -29,6 +29,7 @@ class HybridDrafter(Drafter):
             raise ConfigError(f"min_match must be an integer >= 1, got {min_match}")
         self.lookup, self.head, self.min_match = lookup, head, int(min_match)
         self.max_candidates = max(lookup.max_candidates, head.max_candidates)
+        self.samples_drafts = head.samples_drafts
 
     @classmethod
     def for_target(cls, target, path: str | None = None, min_match: int = 3, tree_nodes: int = 0,

@@ -31,6 +31,7 @@ class MedusaDrafter(Drafter):
             raise ConfigError(f"tree_nodes must be an integer >= 0 and tree_top_k >= 1, got {tree_nodes}, {tree_top_k}")
         self.tree_nodes, self.tree_top_k = int(tree_nodes), int(tree_top_k)
         self.max_candidates = max(1, self.tree_nodes)
+        self.samples_drafts = not self.tree_nodes  # a chain is drawn from the draft law; a tree is deterministic
         self.dtype = target.dtype
         self.heads = heads.to(target.device, self.dtype).eval()
         self.vocab = torch.as_tensor(vocab_ids, dtype=torch.long, device=target.device)

@@ -20,8 +20,9 @@ from genspec.models import variants
 from genspec.models.hf import HFCausalLM
 
 
-def read_vocab_file(path: str | None) -> list[int] | None:
-    """Token ids (a JSON list, or {"token_ids": [...]}) for a truncated-vocabulary draft head."""
+def read_vocab_file(path: str | None, vocab_size: int | None = None) -> list[int] | None:
+    """Token ids (a JSON list, or {"token_ids": [...]}) for a truncated-vocabulary draft head; with
+    ``vocab_size``, each must be a token of that vocabulary."""
     if path is None:
         return None
     try:
@@ -31,8 +32,13 @@ def read_vocab_file(path: str | None) -> list[int] | None:
     except (OSError, ValueError) as exc:
         raise InputFileError(f"cannot read draft vocabulary file {path}: {exc}") from exc
     ids = data.get("token_ids") if isinstance(data, dict) else data
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise InputFileError(f"{path}: expected a non-empty JSON list of token ids")
+    outside = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if outside:
+        vocabulary = f"[0, {vocab_size})" if vocab_size is not None else "(ids are >= 0)"
+        raise InputFileError(f"{path}: token id {outside[0]} is not in the model's vocabulary {vocabulary} "
+                             f"({len(outside)} such ids); was the file made for another model?")
     return ids
 
 
@@ -57,7 +63,7 @@ class _SelfDrafter(DraftModelDrafter):
                    num_drafts: int = 1, reuse_layers: bool = True, **variant_options) -> "_SelfDrafter":
         if not isinstance(target, HFCausalLM):
             raise ConfigError("self-speculation needs a Hugging Face target model")
-        model = cls.variant(target, read_vocab_file(draft_vocab_file), **variant_options)
+        model = cls.variant(target, read_vocab_file(draft_vocab_file, target.vocab_size), **variant_options)
         return cls(model, num_drafts=num_drafts, confidence_threshold=confidence_threshold, reuse_layers=reuse_layers)
 
     @classmethod

@@ -83,6 +83,9 @@ class HFCausalLM(CausalLM):
         self.vocab_subset = None
         if vocab_subset is not None:
             self.vocab_subset = torch.as_tensor(vocab_subset, dtype=torch.long, device=self.device).unique()
+            if not len(self.vocab_subset) or self.vocab_subset[0] < 0 or self.vocab_subset[-1] >= self.vocab_size:
+                raise ConfigError(f"a vocabulary subset needs token ids in [0, {self.vocab_size}), got "
+                                  + (f"{int(self.vocab_subset[0])}..{int(self.vocab_subset[-1])}" if len(self.vocab_subset) else "none"))
             if self._head_bias is not None:
                 self._head_bias = self._head_bias[self.vocab_subset]
             lm_head = LMHead(head.weight.detach()[self.vocab_subset], self._head_bias)
@@ -152,6 +155,19 @@ class HFCausalLM(CausalLM):
                 raise
             tokenizer = None  # a model without a tokenizer: token ids only
         return cls(model.to(device), tokenizer, fast_kernels=fast_kernels)
+
+    @staticmethod
+    def context_of(path: str | os.PathLike) -> int | None:
+        """``max_context`` of the model directory ``path``, from its config.json alone (no weights); None
+        if the config gives none or cannot be read."""
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError):
+            return None
+        config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        return getattr(config, "max_position_embeddings", None)
 
     # ---------------------------------------------------------------- cache state
     @torch.inference_mode()
