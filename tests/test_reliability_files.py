@@ -409,7 +409,8 @@ def test_damaged_index_is_one_line_for_retrieval_and_ngram_cache(capsys, tmp_pat
 
 
 # ------------------------------------------------------------------ item 13: bench --report-from
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "spec_bench_default" / "results.json"
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "spec_bench_default" / "results.json"
 
 
 def _results():
@@ -483,3 +484,90 @@ def test_committed_results_satisfy_the_schema():
     assert len(files) >= 10
     for path in files:
         check_results(json.loads(path.read_text()), path)
+
+
+# ------------------------------------------------------------------ item 11: theory sizes that would hang
+@pytest.fixture
+def pair_file(tmp_path):
+    from genspec.theory.chains import random_chain, save_chain
+
+    path = tmp_path / "pair.json"
+    save_chain(random_chain(7, 50, 0), path)
+    return path
+
+
+def _forbid(monkeypatch, module, name):
+    """Make ``module.name`` fail the test if called: a refusal must come before the computation starts
+    (without it, these commands would run for hours or exhaust memory instead of failing)."""
+    def started(*args, **kwargs):
+        raise AssertionError(f"{module.__name__}.{name} started")
+
+    monkeypatch.setattr(module, name, started)
+
+
+def _theory_refusals(tmp_path, pair):
+    import importlib
+
+    exact, figures, leviathan, simulate = (importlib.import_module(f"genspec.theory.{name}")
+                                           for name in ("exact", "figures", "leviathan", "simulate"))
+
+    return {
+        "limit --max-batch 1e11": (["theory", "limit", str(pair), "--max-batch", "100000000000"],
+                                   [(exact, "_batch_dp"), (exact, "_multidraft_dp")], "largest --max-batch"),
+        "random-chain V=1e5 T=1e3": (["theory", "random-chain", "--vocab", "100000", "--horizon", "1000",
+                                      "--out", str(tmp_path / "c.json")], [], "chain pair with V = 100000"),
+        "random-chain V=1e3 T=300": (["theory", "random-chain", "--vocab", "1000", "--horizon", "300",
+                                      "--out", "-"], [], "chain pair with V = 1000"),
+        "rejections multidraft M=1e5": (["theory", "rejections", str(pair), "--batch", "100000", "--variant",
+                                         "multidraft"], [(exact, "_multidraft_dp")], "M = 100000"),
+        "rejections --simulate 1e9": (["theory", "rejections", str(pair), "--simulate", "1000000000"],
+                                      [(exact, "_batch_dp"), (simulate, "_simulate_chunk")], "--simulate"),
+        "leviathan --max-gamma 1e12": (["theory", "leviathan", "--alpha", "0.8", "--max-gamma", "1000000000000"],
+                                       [(leviathan, "speedup")], "optimal gamma"),
+        "figures --runs 1e8": (["theory", "figures", "--out", str(tmp_path / "figs"), "--runs", "100000000",
+                                "--no-progress"], [(figures, "figure_theorem1")], "theory figures"),
+        "figures --vocab 300": (["theory", "figures", "--out", str(tmp_path / "figs"), "--vocab", "300",
+                                 "--no-progress"], [(figures, "figure_theorem1")], "theory figures"),
+    }
+
+
+@pytest.mark.parametrize("case", ["limit --max-batch 1e11", "random-chain V=1e5 T=1e3", "random-chain V=1e3 T=300",
+                                  "rejections multidraft M=1e5", "rejections --simulate 1e9",
+                                  "leviathan --max-gamma 1e12", "figures --runs 1e8", "figures --vocab 300"])
+def test_theory_sizes_beyond_the_limits_are_refused_before_running(capsys, tmp_path, pair_file, monkeypatch, case):
+    """Theory commands whose cost grows with their arguments (the issue's ``limit --max-batch 1e11``, which
+    ran for ever, ``random-chain --vocab 100000 --horizon 1000`` (MemoryError) and ``--vocab 1000 --horizon
+    300`` (8 GB); big M, --simulate, --max-gamma, figures) are refused before they start: exit 2, one line
+    with the estimate and the limits, no file written."""
+    argv, computations, mention = _theory_refusals(tmp_path, pair_file)[case]
+    for module, name in computations:
+        _forbid(monkeypatch, module, name)
+    code, out, err = _run(capsys, argv)
+    assert code == 2 and _one_clear_line(err), err
+    assert mention in err and "the theory toolkit refuses more than 4 GB or 30 min" in err
+    assert out == "" and not (tmp_path / "c.json").exists() and not (tmp_path / "figs").exists()
+
+
+def test_theory_limits_allow_what_the_readme_and_benchmarks_run():
+    """Everything the README and benchmarks/theory_exact_vs_simulated.py run fits the limits: random pairs
+    up to V = 20, ``limit --max-batch 64``, ``rejections --simulate 100000`` of each benchmark row, and
+    ``theory figures`` with its defaults."""
+    from pathlib import Path as _Path
+
+    from genspec.theory.budget import total
+    from genspec.theory.chains import chain_cost
+    from genspec.theory.exact import rejections_cost
+    from genspec.theory.figures import FigureSettings, figures_cost
+    from genspec.theory.simulate import simulation_cost
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from theory_exact_vs_simulated import ROWS
+    finally:
+        sys.path.pop(0)
+    runs = [chain_cost(7, 50), figures_cost(FigureSettings(_Path("unused")))]
+    runs.append(total(rejections_cost(7, 50, 2 ** i, v) for i in range(7) for v in ("batch", "multidraft")))
+    for _, vocab, horizon, batch, variant in ROWS:
+        runs.append(chain_cost(vocab, horizon).then(rejections_cost(vocab, horizon, batch, variant)).then(
+            simulation_cost(vocab, horizon, 100_000, batch)))
+    assert all(cost.fits() for cost in runs), runs

@@ -117,6 +117,15 @@ def run_rejections(args) -> int:
     if args.simulate < 0:
         raise ConfigError(f"--simulate must be >= 0, got {args.simulate}")
     chain = load_chain(args.chain)
+    if args.simulate:  # refuse the whole command at once, not after the exact part has run
+        from genspec.theory.budget import check
+        from genspec.theory.exact import rejections_cost
+        from genspec.theory.simulate import simulation_cost
+
+        check(rejections_cost(chain.vocab_size, chain.horizon, args.batch, args.variant).then(
+            simulation_cost(chain.vocab_size, chain.horizon, args.simulate, args.batch)),
+            f"theory rejections --batch {args.batch} --simulate {args.simulate} on V = {chain.vocab_size}, "
+            f"T = {chain.horizon}")
     value = expected_rejections(chain, args.batch, args.variant)
     speedup = chain.horizon / value if value > 0 else math.inf
     payload = {"expected_rejections": value, "horizon": chain.horizon, "batch": args.batch,
@@ -141,7 +150,8 @@ def run_limit(args) -> int:
     if args.max_batch < 1:
         raise ConfigError(f"--max-batch must be >= 1, got {args.max_batch}")
     chain = load_chain(args.chain)
-    batches = [2 ** i for i in range(int(math.log2(args.max_batch)) + 1)]
+    batches = [2 ** i for i in range(args.max_batch.bit_length())]  # powers of 2 up to --max-batch
+    _check_curve_cost(chain, batches[-1], f"theory limit --max-batch {args.max_batch}")
     variants = {}
     for variant in ("batch", "multidraft"):
         variants[variant] = {"curve": {str(m): expected_rejections(chain, m, variant) for m in batches},
@@ -153,6 +163,23 @@ def run_limit(args) -> int:
                      f"{variants['multidraft']['curve'][str(m)]:>12.6f}")
     lines.append(f"{'∞':>8} {variants['batch']['limit']:>12.6f} {variants['multidraft']['limit']:>12.6f}")
     return _emit(args, payload, "\n".join(lines))
+
+
+def _check_curve_cost(chain, largest: int, what: str) -> None:
+    """Refuse a curve (M = 1, 2, 4, ..., ``largest``; both variants) above the theory toolkit's limits,
+    saying up to which power of 2 this chain fits."""
+    from genspec.theory.budget import check, total
+    from genspec.theory.exact import rejections_cost
+
+    def cost(top: int):
+        return total(rejections_cost(chain.vocab_size, chain.horizon, 2 ** i, variant)
+                     for i in range(top.bit_length()) for variant in ("batch", "multidraft"))
+
+    fitting = 1
+    while fitting * 2 <= largest and cost(fitting * 2).fits():
+        fitting *= 2
+    check(cost(largest), f"{what} (M up to {largest} on V = {chain.vocab_size}, T = {chain.horizon})",
+          hint=f"the largest --max-batch within them for this chain is {fitting}")
 
 
 def run_leviathan(args) -> int:

@@ -18,8 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from genspec.errors import ConfigError, InputFileError
+from genspec.theory.budget import Cost, check
 
 ROW_SUM_TOLERANCE = 1e-9
+#: cost per probability of a chain pair (validation walks nested Python lists; JSON text), measured by
+#: ``python benchmarks/theory_costs.py`` (V = 300, T = 50: 9e6 probabilities, 26 s, 0.8 GB)
+_CHAIN_SECONDS_PER_ENTRY = 3e-6
+_CHAIN_BYTES_PER_ENTRY = 100
 
 
 class _ChainFormatError(ValueError):
@@ -75,11 +80,20 @@ class ChainPair:
         return {"initial": self.initial.tolist(), "draft": self.draft.tolist(), "target": self.target.tolist()}
 
 
+def chain_cost(vocab_size: int, horizon: int) -> Cost:
+    """Making, validating and writing (JSON) a pair of ``V`` symbols and horizon ``T``: 2 T V^2 + V numbers."""
+    entries = 2 * horizon * vocab_size ** 2 + vocab_size
+    return Cost(entries * _CHAIN_BYTES_PER_ENTRY, entries * _CHAIN_SECONDS_PER_ENTRY)
+
+
 def random_chain(vocab_size: int, horizon: int, seed: int) -> ChainPair:
     """A random pair exactly as theory.md specifies: every row flat Dirichlet, drawn in the order
-    initial, draft, target from ``numpy.random.default_rng(seed)``. Same seed, same pair."""
+    initial, draft, target from ``numpy.random.default_rng(seed)``. Same seed, same pair.
+    Refused (:class:`ConfigError`) above the theory toolkit's limits (:mod:`genspec.theory.budget`)."""
     if vocab_size < 1 or horizon < 1:
         raise ConfigError(f"need vocab >= 1 and horizon >= 1, got vocab={vocab_size}, horizon={horizon}")
+    check(chain_cost(vocab_size, horizon), f"a chain pair with V = {vocab_size}, T = {horizon} "
+                                           f"({2 * horizon * vocab_size ** 2:.3g} transition probabilities)")
     rng = np.random.default_rng(seed)
     ones = np.ones(vocab_size)
     initial = rng.dirichlet(ones)

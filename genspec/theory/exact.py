@@ -25,6 +25,7 @@ import torch
 
 from genspec.acceptance import acceptance_probability, residual_distribution
 from genspec.errors import ConfigError
+from genspec.theory.budget import Cost, check
 from genspec.theory.chains import ChainPair
 
 VARIANTS = ("batch", "multidraft")
@@ -33,6 +34,12 @@ VARIANTS = ("batch", "multidraft")
 # (theory.md, Prop. 1); near-ties in q^j/p can need many stages, hence the generous cap.
 _FIXED_POINT_MAX_STAGES = 100_000
 _FIXED_POINT_ATOL = 1e-14
+
+# costs, measured by ``python benchmarks/theory_costs.py``: a verifier stage (one Python iteration over
+# [V, V] arrays) takes 2e-4 s + 1e-7 s per V^2 entry and keeps 18 bytes per M V^2; the multi-draft DP's
+# binomial tables [M, V, V, M] take 1.2e-7 s per entry per position and 42 bytes per M^2 V^2 at their peak
+_STAGE_SECONDS, _STAGE_SECONDS_PER_ENTRY, _STAGE_BYTES_PER_ENTRY = 2e-4, 1e-7, 18
+_BINOMIAL_SECONDS_PER_ENTRY, _BINOMIAL_BYTES_PER_ENTRY = 1.2e-7, 42
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,12 +235,35 @@ def expected_rejections_sd(chain: ChainPair) -> float:
 # M drafts per round: exact dynamic programs
 
 
+def rejections_cost(vocab_size: int, horizon: int, batch, variant: str = "batch") -> Cost:
+    """Estimated cost of :func:`expected_rejections` (and :func:`expected_rejections_theorem3` for
+    ``batch``): T positions of an M-stage verifier on [V, V] arrays, plus for ``multidraft`` the
+    binomial tables of M^2 V^2 entries per position. The M -> infinity limit costs what the residual's
+    fixed point needs, whatever the arguments: 0 here."""
+    if math.isinf(batch):
+        return Cost()
+    entries = vocab_size ** 2
+    cost = Cost(_STAGE_BYTES_PER_ENTRY * batch * entries,
+                horizon * batch * (_STAGE_SECONDS + _STAGE_SECONDS_PER_ENTRY * entries))
+    if variant == "multidraft":
+        cost = Cost(max(cost.bytes, _BINOMIAL_BYTES_PER_ENTRY * batch ** 2 * entries),
+                    cost.seconds + _BINOMIAL_SECONDS_PER_ENTRY * horizon * batch ** 2 * entries)
+    return cost
+
+
+def _check_rejections_cost(chain: ChainPair, batch, variant: str) -> None:
+    check(rejections_cost(chain.vocab_size, chain.horizon, batch, variant),
+          f"exact E[N_rej] with M = {batch} ({variant}) on V = {chain.vocab_size}, T = {chain.horizon}")
+
+
 def expected_rejections(chain: ChainPair, batch: int = 1, variant: str = "batch") -> float:
     """Exact E[N_rej] with ``batch`` = M drafts per round; ``variant`` is "batch" or "multidraft".
 
     ``batch`` may be ``math.inf`` for the Prop. 1 limit. M = 1 is standard SD in both variants.
+    Refused (:class:`ConfigError`) above the theory toolkit's limits (:mod:`genspec.theory.budget`).
     """
     _check_batch(batch)
+    _check_rejections_cost(chain, batch, variant)
     if variant == "batch":
         return _batch_dp(chain, batch)
     if variant == "multidraft":
@@ -312,6 +342,7 @@ def expected_rejections_theorem3(chain: ChainPair, batch: int) -> float:
     over prefixes by their last state: ``f_marginal[x]`` = sum over x_{1:n-1} ending in x.
     """
     _check_batch(batch)
+    _check_rejections_cost(chain, batch, "batch")
     marginal = chain.initial.copy()  # q(x_{1:n-1}) summed by last state
     f_marginal = chain.initial.copy()  # f(empty) = 1, spread over the prompt token x_0
     first_term = 0.0

@@ -15,8 +15,9 @@ from matplotlib.figure import Figure
 
 from genspec.errors import ConfigError, InputFileError
 from genspec.theory import exact, pareto
-from genspec.theory.chains import ChainPair, random_chain
-from genspec.theory.simulate import Simulation, simulate
+from genspec.theory.budget import Cost, check, total
+from genspec.theory.chains import ChainPair, chain_cost, random_chain
+from genspec.theory.simulate import Simulation, simulate, simulation_cost
 
 BATCH_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MULTIDRAFT_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 128)
@@ -45,10 +46,27 @@ class FigureSettings:
         return f"random pair V={self.vocab}, T={self.horizon}, seed {self.seed}"
 
 
+def figures_cost(settings: FigureSettings) -> Cost:
+    """Estimated cost of :func:`make_figures`: the random pair, the simulations and the exact curves."""
+    chain = settings.chain
+    vocab, horizon = (chain.vocab_size, chain.horizon) if chain is not None else (settings.vocab, settings.horizon)
+    sim_runs = max(settings.runs // 5, 10)
+    parts = [] if chain is not None else [chain_cost(vocab, horizon)]
+    parts += [simulation_cost(vocab, horizon, settings.runs, batch) for batch in (1, 4, 5)]
+    parts += [simulation_cost(vocab, horizon, sim_runs, batch) for batch in SIMULATED_BATCHES for _ in exact.VARIANTS]
+    parts += [exact.rejections_cost(vocab, horizon, batch, "batch") for batch in BATCH_GRID + (4, 5)]
+    parts += [exact.rejections_cost(vocab, horizon, batch, "multidraft") for batch in MULTIDRAFT_GRID]
+    return total(parts)
+
+
 def make_figures(settings: FigureSettings, show_progress: bool = True) -> list[Path]:
-    """Write all figures as PNG files into ``settings.out_dir``; return their paths."""
+    """Write all figures as PNG files into ``settings.out_dir``; return their paths. Refused at once
+    (:class:`ConfigError`) if :func:`figures_cost` exceeds the theory toolkit's limits."""
     if settings.runs < 10:
         raise ConfigError(f"--runs must be >= 10, got {settings.runs}")
+    if settings.chain is None and (settings.vocab < 1 or settings.horizon < 1):
+        raise ConfigError(f"need vocab >= 1 and horizon >= 1, got vocab={settings.vocab}, horizon={settings.horizon}")
+    check(figures_cost(settings), f"theory figures with --runs {settings.runs} on {settings.describe()}")
     try:
         settings.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -13,11 +13,14 @@ import math
 from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from genspec.errors import ConfigError
+from genspec.theory.budget import Cost, check
 
 if TYPE_CHECKING:  # pragma: no cover
     from genspec.theory.chains import ChainPair
 
 VerifyCost = Union[float, Callable[[int], float]]
+#: one speedup evaluation in the optimal-gamma search (``python benchmarks/theory_costs.py``)
+_SECONDS_PER_GAMMA = 1e-6
 
 
 def _check(alpha: float, gamma: int) -> None:
@@ -80,6 +83,7 @@ def optimal_gamma(alpha: float, cost_ratio: float, max_gamma: int = 64,
     """
     if max_gamma < 1:
         raise ConfigError(f"max gamma must be >= 1, got {max_gamma}")
+    check(Cost(0.0, max_gamma * _SECONDS_PER_GAMMA), f"searching the optimal gamma in 1..{max_gamma}")
     best = max(range(1, max_gamma + 1), key=lambda g: speedup(alpha, g, cost_ratio, verify_cost))
     return best, speedup(alpha, best, cost_ratio, verify_cost)
 

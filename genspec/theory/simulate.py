@@ -26,10 +26,16 @@ import torch
 
 from genspec.acceptance import verify_multidraft
 from genspec.errors import ConfigError
+from genspec.theory.budget import Cost, check
 from genspec.theory.chains import ChainPair
 from genspec.theory.exact import VARIANTS
 
 DEFAULT_CHUNK = 100_000  # runs simulated together; bounds memory at a few hundred MB for V <= 100
+# costs per run and position, measured by ``python benchmarks/theory_costs.py``: seconds 2e-7 + 1.5e-7 V
+# + 1.5e-7 M + 1.5e-8 V M; memory: the sequences (8 bytes per token, kept twice while concatenated) and
+# about 7 [chunk, V] float64 tensors
+_SIM_SECONDS = (2e-7, 1.5e-7, 1.5e-7, 1.5e-8)
+_SIM_ROW_TENSORS = 7
 
 
 @dataclass
@@ -58,6 +64,15 @@ class Simulation:
         return float(self.rejections.std(ddof=1) / math.sqrt(self.num_runs))
 
 
+def simulation_cost(vocab_size: int, horizon: int, num_runs: int, batch: int = 1,
+                    chunk_size: int = DEFAULT_CHUNK) -> Cost:
+    """Estimated cost of :func:`simulate`: N runs x T positions, each drawing M candidates over V symbols."""
+    base, per_symbol, per_draft, per_pair = _SIM_SECONDS
+    seconds = num_runs * horizon * (base + per_symbol * vocab_size + per_draft * batch + per_pair * vocab_size * batch)
+    rows = min(num_runs, chunk_size)
+    return Cost(16 * num_runs * (horizon + 1) + 8 * rows * (_SIM_ROW_TENSORS * vocab_size + batch), seconds)
+
+
 def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "batch", seed: int = 0,
              epsilon: float = 0.0, residual: str = "opt", chunk_size: int = DEFAULT_CHUNK,
              progress: Callable[[int], None] | None = None) -> Simulation:
@@ -69,6 +84,7 @@ def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "ba
     which is biased (Theorem 2); the default is lossless.
 
     ``progress(k)`` is called after every simulated position with k = number of runs advanced.
+    Refused (:class:`ConfigError`) above the theory toolkit's limits (:mod:`genspec.theory.budget`).
     """
     if num_runs < 1:
         raise ConfigError(f"number of simulated runs must be >= 1, got {num_runs}")
@@ -76,6 +92,8 @@ def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "ba
         raise ConfigError(f"batch (drafts per round) must be an integer >= 1, got {batch}")
     if variant not in VARIANTS:
         raise ConfigError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    check(simulation_cost(chain.vocab_size, chain.horizon, num_runs, int(batch), chunk_size),
+          f"simulating {num_runs} runs with M = {batch} on V = {chain.vocab_size}, T = {chain.horizon}")
     generator = torch.Generator().manual_seed(int(seed))
     tensors = _ChainTensors.from_chain(chain)
     rejections, sequences = [], []
