@@ -72,9 +72,12 @@ def ensure_converted(target: Path, convert, progress: bool = True) -> Path:
     verdict = verify_cache(target)
     if verdict.usable and verdict.manifest is None:
         if _stale_temporaries(target):
-            with _lock(_lock_path(target), wait=False) as locked:
-                if locked:  # else a conversion is running: its directory is not stale
-                    _remove_stale_temporaries(target)
+            try:
+                with _lock(_lock_path(target), wait=False) as locked:
+                    if locked:  # else a conversion is running: its directory is not stale
+                        _remove_stale_temporaries(target)
+            except OSError:  # a read-only cache: it still works, the leftovers stay
+                pass
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
