@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from stats_helpers import lossless_pvalue
+from test_drafters_model_free import run_requests
 
 import genspec
 from genspec.drafters.base import DraftRequest, RequestContext
@@ -128,17 +129,6 @@ def plain(tiny_target):
                                                                              eos_token_ids=())]
 
 
-def _run(engine, prompts, **config):
-    ids = [engine.add_request(p, GenerationConfig(**config)) for p in prompts]
-    tokens, done = {i: [] for i in ids}, {}
-    while engine.has_unfinished():
-        for request_id, step in engine.step().requests.items():
-            tokens[request_id] += step.new_tokens
-            if step.finish_reason is not None:
-                done[request_id] = step
-    return [tokens[i] for i in ids], [done[i] for i in ids]
-
-
 @pytest.mark.parametrize("leaves", [1, 3])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_speculation_equals_plain_decoding(tiny_target, plain, leaves, batch):
@@ -150,8 +140,9 @@ def test_greedy_speculation_equals_plain_decoding(tiny_target, plain, leaves, ba
         noisy = [t if rng.random() < 0.8 else rng.randrange(3, 64) for t in output]
         drafter.cache.add_document(prompt + noisy)
         drafter.cache.add_document(prompt + output[:8] + [rng.randrange(3, 64) for _ in range(8)])
-    tokens, steps = _run(SpeculativeEngine(tiny_target, drafter), PROMPTS[:batch], max_new_tokens=NEW_TOKENS,
-                         num_draft_tokens=4, eos_token_ids=(), draft_length="fixed")
+    results = run_requests(SpeculativeEngine(tiny_target, drafter), PROMPTS[:batch], max_new_tokens=NEW_TOKENS,
+                           num_draft_tokens=4, eos_token_ids=(), draft_length="fixed")
+    tokens, steps = [t for t, _ in results], [s for _, s in results]
     assert tokens == plain[:batch]
     assert sum(s.stats.accepted_tokens for s in steps) > 0
     if leaves > 1:

@@ -1,8 +1,8 @@
 """The shared base of the model-free drafters: per request some state, per step candidate chains.
 
-A :class:`CandidateDrafter` proposes, for each row, up to ``num_candidates`` chains with distinct
-first tokens (one chain when ``num_candidates == 1``; several are verified as a token tree) and the
-evidence behind the first. Subclasses implement only :meth:`CandidateDrafter.new_row` (the state of a
+A :class:`CandidateDrafter` proposes, for each row, up to ``num_candidates`` chains (distinct first
+tokens, or a tree's paths; one chain when ``num_candidates == 1``; several are verified as a token tree)
+and the evidence behind the first. Subclasses implement only :meth:`CandidateDrafter.new_row` (the state of a
 request that joins) and :meth:`CandidateDrafter.candidates` (the search); starting, forgetting and
 building the :class:`~genspec.drafters.base.Draft` live here. Drafts are deterministic (``probs``
 None), so the engine verifies them losslessly.
@@ -50,8 +50,9 @@ class CandidateDrafter(Drafter):
 
     @abstractmethod
     def candidates(self, row: object, sequence: list[int], limit: int) -> tuple[list[list[int]], object]:
-        """Up to ``num_candidates`` chains of at most ``limit`` tokens continuing ``sequence``, best first,
-        with distinct first tokens, and the evidence behind the first (see :class:`Draft`)."""
+        """Up to ``num_candidates`` chains of at most ``limit`` tokens continuing ``sequence``, best first
+        (distinct continuations, or the root-to-leaf paths of a tree: shared prefixes are merged into one
+        node for the target pass), and the evidence behind the first (see :class:`Draft`)."""
 
     def start(self, contexts: list[RequestContext]) -> None:
         for context in contexts:
