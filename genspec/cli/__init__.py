@@ -19,6 +19,7 @@ _SUBCOMMANDS = [
     "genspec.cli.calibrate",
     "genspec.cli.train",
     "genspec.cli.bench",
+    "genspec.cli.tradeoff",
     "genspec.cli.serve",
 ]
 
