@@ -67,8 +67,9 @@ class Setting:
                        delta=0.3 if self.delta is None else self.delta, measure_bias=True)
 
 
-def settings_grid(rules, epsilons, residuals, deltas) -> list[Setting]:
-    """rules x eps x (deltas for "typical") x residuals, in that nesting order."""
+def settings_grid(rules, epsilons, residuals, deltas, typical_epsilons=None) -> list[Setting]:
+    """rules x eps x (deltas for "typical") x residuals, in that nesting order; the typical rule takes its
+    eps from ``typical_epsilons`` when given (its eps is a probability threshold, not an over-acceptance)."""
     if not rules or not epsilons or not residuals:
         raise ConfigError("give at least one rule, one eps and one residual")
     for rule in rules:
@@ -81,7 +82,7 @@ def settings_grid(rules, epsilons, residuals, deltas) -> list[Setting]:
         raise ConfigError("the typical rule needs at least one delta")
     grid = []
     for rule in rules:
-        for eps in epsilons:
+        for eps in (typical_epsilons if rule == "typical" and typical_epsilons else epsilons):
             for delta in (deltas if rule == "typical" else [None]):
                 for residual in residuals:
                     check_rule(rule, residual, eps, 0.0 if delta is None else delta)

@@ -23,12 +23,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--model", metavar="PATH", help="local model directory (default: embedded Gemma 3 270M)")
     parser.add_argument("--drafter", default="head",
                         help="a chain drafter (default head: the shipped head, which samples drafts with its law)")
+    parser.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
     parser.add_argument("-O", "--drafter-option", action="append", default=[], metavar="KEY=VALUE",
                         help="drafter option (repeatable)")
     parser.add_argument("--rule", default="overaccept", metavar="LIST",
                         help="rules, comma-separated: overaccept (b = min(1, (q + eps)/p)), typical (Medusa: keep y "
                              "iff q(y) > min(eps, delta exp(-H(q)))); default overaccept")
     parser.add_argument("--eps", default="0,0.2,0.8", metavar="LIST", help="eps grid (default 0,0.2,0.8)")
+    parser.add_argument("--typical-eps", metavar="LIST", help="eps grid of the typical rule (default: --eps)")
     parser.add_argument("--residual", default="opt,uno", metavar="LIST", help="residuals: opt, uno (default both)")
     parser.add_argument("--delta", default="0.3", metavar="LIST", help="typical acceptance's delta grid (default 0.3)")
     parser.add_argument("--num-prompts", type=int, default=4, metavar="N", help="prompts (1-39; default 4)")
@@ -73,7 +75,8 @@ def run_tradeoff(args) -> int:
     console = Console(stderr=True)
     # everything the user gave is checked before the model loads
     settings = tradeoff.settings_grid(_names(args.rule), _floats(args.eps, "--eps"), _names(args.residual),
-                                      _floats(args.delta, "--delta"))
+                                      _floats(args.delta, "--delta"),
+                                      _floats(args.typical_eps, "--typical-eps") if args.typical_eps else None)
     if args.temperature <= 0:
         raise ConfigError("--temperature must be > 0: the rules differ only when sampling (greedy decoding is exact)")
     if args.samples < 1:
@@ -95,7 +98,8 @@ def run_tradeoff(args) -> int:
 
     started = time.perf_counter()
     with console.status("loading the model and the drafter"):
-        engine = genspec.load(args.model, drafter=args.drafter, dtype=args.dtype, **options)
+        engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
+                              **options)
     if engine.drafter.max_candidates > 1:
         raise ConfigError(f"drafter {args.drafter!r} drafts trees (up to {engine.drafter.max_candidates} candidates); "
                           f"bias is measured on chain drafts: drop its tree option")
@@ -139,11 +143,13 @@ def command_line(args) -> str:
     if args.model:
         parts += ["--model", args.model]
     parts += ["--drafter", args.drafter]
+    if args.draft_model:
+        parts += ["--draft-model", args.draft_model]
     for option in args.drafter_option:
         parts += ["-O", option]
     parts += ["--rule", args.rule, "--eps", args.eps, "--residual", args.residual]
     if "typical" in args.rule:
-        parts += ["--delta", args.delta]
+        parts += ["--delta", args.delta] + (["--typical-eps", args.typical_eps] if args.typical_eps else [])
     parts += ["--num-prompts", str(args.num_prompts), "--samples", str(args.samples), "--max-new-tokens",
               str(args.max_new_tokens), "--temperature", f"{args.temperature:g}"]
     if args.top_k:
