@@ -18,13 +18,11 @@ moment of a shared machine hits them all alike.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from genspec.acceptance import RESIDUALS, RULES, check_rule
-from genspec.bench.prompts import BenchPrompt, encode_prompt, load_spec_bench
+from genspec.bench.prompts import BenchPrompt, load_spec_bench
 from genspec.bench.winrate import Response, Scorer, win_rate
 from genspec.engine import GenerationConfig, RequestResult, SpeculativeEngine
 from genspec.errors import ConfigError
