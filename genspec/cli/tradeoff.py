@@ -116,7 +116,7 @@ def run_tradeoff(args) -> int:
         generations, interrupted = tradeoff.run_generations(
             engine, settings, prompt_ids, args.samples, base, args.seed,
             lambda done, total: progress.update(task, completed=done))
-        if scorer is not None and not interrupted:
+        if scorer is not None:  # also after a Ctrl-C: the responses done are scored (a second one stops that)
             scoring = progress.add_task("scoring responses (WinRate)", total=None)
             tradeoff.score_generations(generations, prompts, prompt_ids, scorer, settings,
                                        lambda done, total: progress.update(scoring, completed=done, total=total))
