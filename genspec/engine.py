@@ -22,21 +22,30 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from genspec.acceptance import RESIDUALS, Verdict, verify
+from genspec.acceptance import Verdict, check_rule, is_lossless, verify
 from genspec.draft_length import POLICIES, CostModel, DraftCost, DraftLength, RowPlan, plan
 from genspec.drafters.base import Draft, DraftBlock, Drafter, DraftRequest, RequestContext
 from genspec.errors import ConfigError, ContextLengthError, GenerationError, GenspecError, NumericalError
 from genspec.models.base import CausalLM
 from genspec.randomness import RequestRandomness
 from genspec.sampling import SamplingConfig, block_seen_mask, seen_mask
+from genspec.theory.pareto import StepStatistics, chain_step_statistics
 
 NO_DRAFTER = "none"
 
 
 @dataclass
 class GenerationConfig:
-    """What to generate. ``temperature == 0`` is greedy. ``epsilon > 0`` switches to the lossy
-    over-acceptance rule b = min{1, (q + eps)/p} with the ``residual`` ("opt" or "uno").
+    """What to generate. ``temperature == 0`` is greedy.
+
+    Acceptance (:mod:`genspec.acceptance`): ``rule`` "overaccept" keeps a draft token with probability
+    b = min{1, (q + eps)/p}; with ``epsilon`` 0 and ``residual`` "opt" that is the standard, lossless
+    rule (the default). ``epsilon > 0``, or ``residual`` "uno" (resample from q, biased even at eps 0),
+    or ``rule`` "typical" (Medusa: keep y iff q(y) > min(eps, delta exp(-H(q)))) are lossy: the output
+    no longer has the target's law (:attr:`lossless` False, reported in the stats). Lossy rules need
+    sampling (temperature > 0): greedy decoding is exact token matching. ``measure_bias``: record the
+    rule's exact bias and rejection per judged draft position (``genspec.theory.pareto``; chain drafts
+    only, temperature > 0).
 
     ``drafter`` names one of the engine's drafters (None: the engine's default; ``"none"``: no
     speculation); ``drafter_options`` are per-request options that drafter accepts (its
@@ -57,23 +66,38 @@ class GenerationConfig:
     draft_length: str = "cost"
     drafter: str | None = None
     drafter_options: dict = field(default_factory=dict)
+    rule: str = "overaccept"
+    delta: float = 0.3  # typical acceptance's entropy factor (Medusa's default)
+    measure_bias: bool = False
 
     def __post_init__(self):
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
         if int(self.num_draft_tokens) != self.num_draft_tokens or self.num_draft_tokens < 1:
             raise ConfigError(f"num_draft_tokens (k) must be an integer >= 1, got {self.num_draft_tokens}")
-        if self.epsilon < 0:
-            raise ConfigError(f"epsilon must be >= 0, got {self.epsilon}")
+        check_rule(self.rule, self.residual, self.epsilon, self.delta)
         if self.draft_length not in POLICIES:
             raise ConfigError(f"draft_length must be one of {POLICIES}, got {self.draft_length!r}")
-        if self.residual not in RESIDUALS:
-            raise ConfigError(f"residual must be one of {RESIDUALS}, got {self.residual!r}")
         self.stop_strings = (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings or ())
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             # an empty stop string is found in any text: the request would stop after its first token
             raise ConfigError(f"stop strings must be non-empty text, got {list(self.stop_strings)!r}")
         self.sampling  # validates temperature, top-k, top-p, penalty
+        if self.sampling.greedy and (not self.lossless or self.measure_bias):
+            raise ConfigError(f"{'bias measurement' if self.lossless else 'a lossy acceptance rule'} needs "
+                              f"temperature > 0: at temperature 0 decoding is greedy token matching, which is exact")
+
+    @property
+    def lossless(self) -> bool:
+        """True iff the output has exactly the target's law (the standard rule)."""
+        return is_lossless(self.rule, self.epsilon, self.residual)
+
+    @property
+    def acceptance(self) -> dict:
+        """The acceptance rule as reported in stats and JSON: rule, epsilon, delta (typical only),
+        residual, lossless."""
+        return {"rule": self.rule, "epsilon": self.epsilon, "delta": self.delta if self.rule == "typical" else None,
+                "residual": self.residual, "lossless": self.lossless}
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -94,6 +118,9 @@ class RequestStats:
     accepted_length_histogram: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
+    acceptance: dict | None = None  # GenerationConfig.acceptance of the request
+    bias: StepStatistics | None = None  # sums over judged positions, with GenerationConfig.measure_bias
+    bias_time_s: float = 0.0  # time spent measuring them (inside total_time_s)
 
     def record(self, drafted: int, accepted: int, depth: int | None = None) -> None:
         """One target call that verified ``drafted`` draft tokens (``depth`` positions deep; a chain's
@@ -137,6 +164,8 @@ class RequestStats:
             "new_tokens": self.new_tokens,
             "acceptance_per_position": [a / d if d else 0.0 for a, d in
                                         zip(self.accepted_per_position, self.drafted_per_position)],
+            "acceptance": self.acceptance,
+            "bias": None if self.bias is None else {**self.bias.means(), "measure_time_s": self.bias_time_s},
         }
 
 
@@ -208,7 +237,8 @@ class _Request:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.exception: Exception | None = None  # why it failed (finish_reason "error")
-        self.stats = RequestStats()
+        self.stats = RequestStats(acceptance=config.acceptance,
+                                  bias=StepStatistics.zero() if config.measure_bias else None)
         self.started_at = 0.0
         self.reads_hidden = drafter is not None and drafter.reads_target_hidden
         self.pending_hidden: list[torch.Tensor] = []  # the target's hidden states not yet handed to the drafter
@@ -232,8 +262,8 @@ class _Request:
 
     @property
     def group(self) -> tuple:
-        """Rows verified together: one drafter, and lossless rows apart from each lossy resampling law."""
-        return self.drafter_name, (self.config.residual if self.config.epsilon > 0 else None)
+        """Rows verified together: one drafter, and lossless rows apart from each lossy (rule, residual)."""
+        return self.drafter_name, (None if self.config.lossless else (self.config.rule, self.config.residual))
 
 
 @dataclass
@@ -299,6 +329,9 @@ class SpeculativeEngine:
         unknown = set(config.drafter_options) - set(drafter.request_options if drafter else ())
         if unknown:
             raise ConfigError(f"drafter {name!r} takes no per-request option(s) {', '.join(sorted(unknown))}")
+        if config.measure_bias and drafter is not None and drafter.max_candidates > 1:
+            raise ConfigError(f"bias is measured on chain drafts only; drafter {name!r} drafts trees of up to "
+                              f"{drafter.max_candidates} candidates")
         self._check_prompt(prompt_ids)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
         request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs,
@@ -587,6 +620,26 @@ class SpeculativeEngine:
         record.verify_time_s = time.perf_counter() - started
         record.batch_size, record.block_width = batch, width
         self.costs.observe_verify(width, record.verify_time_s, batch)
+        for group in groups:  # after the verify time is taken: measuring is not verifying
+            if any(r.config.measure_bias for r in group.requests) and group.draft.width:
+                self._measure_bias(group)
+
+    @staticmethod
+    def _measure_bias(group: _Group) -> None:
+        """Add the rule's exact statistics at this step's judged draft positions (``genspec.theory.pareto``)
+        to the stats of the group's requests that measure them."""
+        started = time.perf_counter()
+        configs = [r.config for r in group.requests]
+        totals = chain_step_statistics(
+            group.draft.tokens[:, 0], None if group.draft.probs is None else group.draft.probs[:, 0],
+            group.verdict.target_probs, group.verdict.accepted_length, group.block.lengths[:, 0],
+            configs[0].rule, configs[0].residual, torch.tensor([c.epsilon for c in configs], dtype=torch.float64),
+            torch.tensor([c.delta for c in configs], dtype=torch.float64))
+        seconds = time.perf_counter() - started
+        for i, request in enumerate(group.requests):
+            if request.config.measure_bias:
+                request.stats.bias.add(totals.row(i))
+                request.stats.bias_time_s += seconds
 
     def _accept(self, group: _Group, logits: torch.Tensor) -> Verdict:
         """The acceptance rule for one group's rows, each with its own sampling and random stream."""
@@ -606,10 +659,12 @@ class SpeculativeEngine:
                     sample, accept = request.random.uniforms(len(request.generated), k + 1)
                     sample_uniforms[i] = sample
                     accept_uniforms[i, :, :accept.shape[1]] = accept[:k]
+        config = requests[0].config  # a group shares its rule and residual (``_Request.group``)
         epsilon = torch.tensor([r.config.epsilon for r in requests], dtype=torch.float64)
+        delta = torch.tensor([r.config.delta for r in requests], dtype=torch.float64)
         return verify(draft.tokens, block.lengths, logits, sampling, node_of=block.node_of, draft_probs=draft.probs, seen=seen,
-                      epsilon=epsilon if bool(epsilon.any()) else 0.0, residual=requests[0].group[1] or "opt",
-                      accept_uniforms=accept_uniforms, sample_uniforms=sample_uniforms)
+                      epsilon=epsilon if bool(epsilon.any()) else 0.0, residual=config.residual,
+                      accept_uniforms=accept_uniforms, sample_uniforms=sample_uniforms, rule=config.rule, delta=delta)
 
     def _commit(self, groups: list[_Group]) -> None:
         """Keep the accepted path of every row in the target's cache; drop the rest of the block."""

@@ -214,6 +214,21 @@ def test_metrics_counters_move(served):
         assert name in text
 
 
+def test_lossy_rules_are_opt_in_and_reported(served):
+    """The default is the lossless rule; a request that asks for a lossy one gets it, and its metrics and
+    the server's Prometheus counter say so."""
+    default = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=1)
+    assert default.model_extra["metrics"]["speculative_decoding"]["acceptance"] == {
+        "rule": "overaccept", "epsilon": 0.0, "delta": None, "residual": "opt", "lossless": True}
+    before = served.metric("genspec:request_lossy_total", rule="typical", residual="uno")
+    lossy = served.client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=1,
+        extra_body={"speculative": {"rule": "typical", "epsilon": 0.09, "delta": 0.5, "residual": "uno"}})
+    assert lossy.model_extra["metrics"]["speculative_decoding"]["acceptance"] == {
+        "rule": "typical", "epsilon": 0.09, "delta": 0.5, "residual": "uno", "lossless": False}
+    assert served.metric("genspec:request_lossy_total", rule="typical", residual="uno") == before + 1
+
+
 def test_models_health_and_playground(served):
     models = served.client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
@@ -235,6 +250,9 @@ def test_models_health_and_playground(served):
     ({"prompt": PROMPT, "speculative": {"drafter": "nope"}}, 400, "unknown drafter"),
     ({"prompt": PROMPT, "speculative": {"num_draft_tokens": 0}}, 400, "num_draft_tokens"),
     ({"prompt": PROMPT, "speculative": {"colour": "red"}}, 400, "colour"),
+    ({"prompt": PROMPT, "temperature": 0, "speculative": {"epsilon": 0.2}}, 400, "temperature > 0"),
+    ({"prompt": PROMPT, "speculative": {"residual": "best"}}, 400, "residual"),
+    ({"prompt": PROMPT, "speculative": {"epsilon": -1}}, 400, "epsilon"),
     ({"prompt": PROMPT, "n": 0}, 400, "n"),
     ({"prompt": []}, 400, "prompt"),
     ({"max_tokens": 3}, 400, "prompt"),

@@ -243,3 +243,62 @@ def test_figures_command_writes_readable_pngs(tmp_path, capsys):
 def test_theory_without_subcommand_prints_help(capsys):
     code, out, _ = run(["theory"], capsys)
     assert code == 2 and "random-chain" in out
+
+
+# ----------------------------------------------------------------------------------- Theorem 2 (issue 17)
+
+
+def test_optimality_no_unbiased_rule_rejects_less_than_sd(tmp_path, capsys):
+    """Exact and simulated (N = 20,000 runs, seed 0) on a V = 7, T = 50 pair: every rival that keeps
+    the output exact (scaled, power) has more expected rejections than SD, its simulation agrees within
+    4 standard errors, and its last token passes a chi-square test against the target chain (p > 1e-3);
+    over-acceptance rejects less but is biased and fails it."""
+    path = tmp_path / "pair.json"
+    save_chain(random_chain(7, 50, 0), path)
+    code, out, err = run(["theory", "optimality", str(path), "--json"], capsys)
+    assert code == 0, err
+    payload = json.loads(out)
+    rules = {r["name"]: r for r in payload["rules"]}
+    standard = rules["standard"]
+    assert standard["expected_rejections"] == pytest.approx(exact.expected_rejections_sd(load_chain(path)), rel=1e-12)
+    assert payload["unbiased_with_fewer_rejections"] == []
+    assert set(rules) == {"standard", "scaled 0.9", "scaled 0.75", "scaled 0.5", "power 2", "overaccept 0.1"}
+    for name, rule in rules.items():
+        assert abs(rule["simulated_mean"] - rule["expected_rejections"]) < 4 * rule["simulated_stderr"]
+        if name == "overaccept 0.1":
+            assert not rule["unbiased"] and rule["max_bias"] > 0.01
+            assert rule["expected_rejections"] < standard["expected_rejections"]
+            assert rule["chi_square_pvalue"] < 1e-3
+        else:
+            assert rule["unbiased"] and rule["max_bias"] < 1e-12 and rule["chi_square_pvalue"] > 1e-3
+            if name != "standard":
+                assert rule["expected_rejections"] > standard["expected_rejections"] + 0.5
+    # R(c) = 1 - c (1 - TV) at every step, and the states follow the target chain: E = T - c (T - E_SD)
+    horizon = payload["horizon"]
+    assert rules["scaled 0.5"]["expected_rejections"] == pytest.approx(
+        horizon - 0.5 * (horizon - standard["expected_rejections"]), rel=1e-12)
+
+
+def test_optimality_takes_a_one_step_pair_and_reports_text(tmp_path, capsys):
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps({"draft": [0.3, 0.7], "target": [0.5, 0.5]}))
+    code, out, _ = run(["theory", "optimality", str(path), "--simulate", "0", "--factors", "0.8", "--powers", "3"], capsys)
+    assert code == 0
+    assert "no unbiased rule rejects less than standard SD" in out
+    assert "scaled 0.8" in out and "power 3" in out
+    code, out, _ = run(["theory", "optimality", str(path), "--simulate", "0", "--json"], capsys)
+    rules = {r["name"]: r for r in json.loads(out)["rules"]}
+    assert rules["standard"]["expected_rejections"] == pytest.approx(0.2)  # TV of the worked example
+    assert rules["scaled 0.5"]["expected_rejections"] == pytest.approx(1 - 0.5 * 0.8)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--factors", "1.5"], "scaling factors"), (["--powers", "0.5"], "powers"), (["--simulate", "-1"], "--simulate"),
+    (["--epsilon", "-0.1"], "epsilon")])
+def test_optimality_bad_arguments_are_one_line_errors(tmp_path, capsys, argv, fragment):
+    path = tmp_path / "pair.json"
+    save_chain(random_chain(3, 2, 0), path)
+    code, out, err = run(["theory", "optimality", str(path), *argv], capsys)
+    assert code == 2 and fragment in err and "Traceback" not in err
+    code, _, err = run(["theory", "optimality", str(tmp_path / "missing.json")], capsys)
+    assert code == 2 and "not found" in err

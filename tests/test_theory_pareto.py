@@ -155,3 +155,66 @@ def test_bad_pairs_are_config_errors():
         pareto.over_acceptance_point((0.3, 0.7), (0.2, 0.3, 0.5), 0.1)
     with pytest.raises(ConfigError, match="epsilon"):
         pareto.over_acceptance_point((0.3, 0.7), (0.5, 0.5), -0.1)
+
+
+# ------------------------------------------------------------------------------------- measured bias (issue 17)
+epsilons = st.floats(0.0, 0.5)
+
+
+@settings(max_examples=120, deadline=None)
+@given(pairs, epsilons, st.floats(0.0, 2.0))
+def test_uno_bias_is_at_least_opts_on_random_pairs(pair, epsilon, delta):
+    """Through the engine's measurement path (pareto.rule_statistics on tensors): for over-acceptance and
+    typical acceptance, UNO's bias >= OPT's = Loss* (Theorem 4) >= the front [TV - R]_+ (Theorem 5), and for
+    over-acceptance R + Loss* = TV and the tensor path equals the NumPy ParetoPoint."""
+    draft, target = (torch.from_numpy(np.asarray(x, dtype=np.float64)) for x in pair)
+    for rule in ("overaccept", "typical"):
+        opt = pareto.rule_statistics(draft, target, rule, "opt", epsilon, delta)
+        uno = pareto.rule_statistics(draft, target, rule, "uno", epsilon, delta)
+        assert float(uno.bias) >= float(opt.bias) - 1e-12
+        assert float(opt.bias) == pytest.approx(float(opt.loss_star), abs=1e-12)
+        assert float(opt.pareto_bias) <= float(opt.bias) + 1e-12
+        assert float(uno.rejection) == pytest.approx(float(opt.rejection), abs=1e-15)
+    over = pareto.rule_statistics(draft, target, "overaccept", "opt", epsilon)
+    assert float(over.rejection + over.loss_star) == pytest.approx(float(over.tv), abs=1e-12)
+    point = pareto.over_acceptance_point(*pair, epsilon)
+    uno = pareto.rule_statistics(draft, target, "overaccept", "uno", epsilon)
+    assert (point.rejection, point.loss_star, point.opt_bias, point.uno_bias) == pytest.approx(
+        (float(over.rejection), float(over.loss_star), float(over.bias), float(uno.bias)), abs=1e-12)
+
+
+@pytest.mark.parametrize("rule, epsilon, residual", [("overaccept", 0.15, "opt"), ("overaccept", 0.15, "uno"),
+                                                     ("overaccept", 0.0, "uno"), ("typical", 0.2, "opt")])
+def test_measured_bias_on_a_markov_chain_pair_matches_the_exact_expectation(rule, epsilon, residual):
+    """Simulate N = 20,000 runs of a random chain pair (V = 5, T = 8) with the rule (the engine's
+    verify code), measure at every visited state with pareto.chain_step_statistics (the engine's
+    measurement) and average per position: the bias, R, and the simulated rejection frequency lie within
+    4 standard errors of pareto.chain_statistics (exact, states following the rule's own chain); OPT's
+    exact bias equals its exact Loss*."""
+    from genspec.theory.chains import random_chain
+    from genspec.theory.simulate import simulate
+
+    chain = random_chain(5, 8, 3)
+    n = 20_000
+    simulation = simulate(chain, n, epsilon=epsilon, residual=residual, rule=rule, delta=0.3, seed=4)
+    per_run = np.zeros((n, 2))  # measured bias and R, summed over positions
+    for position in range(chain.horizon):
+        states = torch.from_numpy(simulation.sequences[:, position])
+        draft = torch.from_numpy(np.array(chain.draft[position]))[states].unsqueeze(1)  # [N, 1, V]
+        target = torch.from_numpy(np.array(chain.target[position]))[states].unsqueeze(1).expand(n, 2, -1)
+        measured = pareto.chain_step_statistics(torch.zeros(n, 1, dtype=torch.long), draft, target,
+                                                torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.long),
+                                                rule, residual, epsilon, 0.3)
+        per_run += torch.stack([measured.bias, measured.rejection], 1).numpy()
+    exact = pareto.chain_statistics(chain, rule, residual, epsilon, 0.3).means()
+    assert exact["judged_positions"] == chain.horizon
+    for values, expected in ((per_run[:, 0] / chain.horizon, exact["bias_tv"]),
+                             (per_run[:, 1] / chain.horizon, exact["rejection_rate"]),
+                             (simulation.rejections / chain.horizon, exact["rejection_rate"])):
+        stderr = values.std(ddof=1) / np.sqrt(n)
+        assert abs(values.mean() - expected) < 4 * stderr + 1e-12
+    if residual == "opt":
+        assert exact["bias_tv"] == pytest.approx(exact["loss_star"], abs=1e-12)
+    if rule == "overaccept":
+        assert exact["rejection_rate"] + exact["loss_star"] == pytest.approx(exact["tv"], abs=1e-12)
+    assert exact["bias_tv"] > 0.01  # every setting here is lossy: the test has something to see

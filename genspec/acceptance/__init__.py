@@ -7,11 +7,17 @@ one that generates text. Convention: ``draft_probs`` = speculator (p in the theo
 """
 from genspec.acceptance.rules import (  # noqa: F401
     RESIDUALS,
+    RULES,
     ChainVerdict,
     MultiDraftVerdict,
     acceptance_probability,
+    check_rule,
+    is_lossless,
+    keep_probabilities,
+    resampling_law,
     residual_distribution,
     sample_with_uniforms,
+    typical_threshold,
     verify_chain,
     verify_greedy,
     verify_multidraft,

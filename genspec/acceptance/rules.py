@@ -6,8 +6,15 @@ vocabulary. Probabilities are any float dtype (float64 in the theory, float32 in
 Rules (theory.md; p = draft, q = target):
 - standard (lossless): keep draft token y with probability min{1, q(y)/p(y)}; at the first rejection
   draw from the residual norm([q - p]+); if every draft token is kept, draw a bonus token from q.
-- relaxed over-acceptance (lossy, opt-in): keep y with probability min{1, (q(y) + eps)/p(y)} and
-  resample from the OPT residual norm([q - p]+) (minimal bias, Thm 4) or from q itself (UNO).
+- relaxed over-acceptance (lossy, opt-in; rule "overaccept" with eps > 0): keep y with probability
+  min{1, (q(y) + eps)/p(y)} and resample from the OPT residual norm([q - p]+) (minimal bias, Thm 4)
+  or from q itself (UNO).
+- typical acceptance (lossy, opt-in; rule "typical", Medusa's): keep y iff q(y) > min(eps, delta *
+  exp(-H(q))), H the target's entropy; resample from Theorem 4's optimum norm([q - b p]+) ("opt") or
+  from q ("uno", what Medusa does). Its b can fall below min{1, q/p}, so it is not in the relaxed family.
+
+Only over-acceptance at eps = 0 with the OPT residual is lossless (:func:`is_lossless`): UNO at eps = 0
+keeps min{1, q/p} but resamples from q, which is biased (theory.md, Decoding-UNO).
 - greedy: keep draft tokens while they equal the target's argmax.
 - multi-draft (Algorithm 4's recursive residual verifier): try M candidates in turn against a
   residual that shrinks after every rejection; the output is still exactly q.
@@ -31,7 +38,10 @@ from dataclasses import dataclass
 
 import torch
 
+from genspec.errors import ConfigError
+
 RESIDUALS = ("opt", "uno")
+RULES = ("overaccept", "typical")
 
 
 @dataclass
@@ -71,19 +81,85 @@ def acceptance_probability(target_prob_of_draft: torch.Tensor, draft_prob_of_dra
     return ratio.clamp(max=1.0)
 
 
+def is_lossless(rule: str = "overaccept", epsilon=0.0, residual: str = "opt") -> bool:
+    """True only for the standard rule: over-acceptance with eps = 0 (every row, if a tensor) and the
+    OPT residual. Every other setting (UNO at eps = 0 included) changes the output law."""
+    return rule == "overaccept" and residual == "opt" and _is_zero(epsilon)
+
+
+def check_rule(rule: str, residual: str, epsilon=0.0, delta=0.0) -> None:
+    """A :class:`genspec.errors.ConfigError` for an unknown rule or residual or a negative parameter."""
+    if rule not in RULES:
+        raise ConfigError(f"unknown acceptance rule {rule!r}; choose from {', '.join(RULES)}")
+    if residual not in RESIDUALS:
+        raise ConfigError(f"unknown residual {residual!r}; choose from {', '.join(RESIDUALS)}")
+    for name, value in (("epsilon", epsilon), ("delta", delta)):
+        if not bool((torch.as_tensor(value) >= 0).all()):
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+
+
+def typical_threshold(target_probs: torch.Tensor, epsilon=0.09, delta=0.3) -> torch.Tensor:
+    """Medusa's typical-acceptance threshold min(eps, delta * exp(-H(q))) of each law ``[..., V] -> [...]``
+    (H in nats, 0 log 0 = 0); ``epsilon`` and ``delta`` are numbers or tensors broadcasting against
+    ``[...]``. A confident target (low entropy) gets the cap eps, an uncertain one a lower bar."""
+    logs = torch.where(target_probs > 0, target_probs.log(), torch.zeros_like(target_probs))
+    entropy = -(target_probs * logs).sum(-1)
+    epsilon = torch.as_tensor(epsilon, dtype=target_probs.dtype, device=target_probs.device)
+    return torch.minimum(epsilon, delta * torch.exp(-entropy))
+
+
+def keep_probabilities(target_probs: torch.Tensor, draft_probs: torch.Tensor, rule: str = "overaccept",
+                       epsilon=0.0, delta=0.0) -> torch.Tensor:
+    """b(x) for every token x: the probability that the rule keeps x if it was drafted, ``[..., V]``.
+
+    "overaccept": min{1, (q + eps)/p} (:func:`acceptance_probability`); "typical": 1 where
+    q > :func:`typical_threshold`, else 0. ``epsilon`` / ``delta``: numbers or tensors broadcasting
+    against ``target_probs.shape[:-1]`` (one value per law)."""
+    if rule == "typical":
+        return (target_probs > typical_threshold(target_probs, epsilon, delta).unsqueeze(-1)).to(target_probs.dtype)
+    if rule != "overaccept":
+        raise ValueError(f"unknown acceptance rule {rule!r}; choose from {RULES}")
+    epsilon = epsilon.unsqueeze(-1) if isinstance(epsilon, torch.Tensor) else epsilon
+    return acceptance_probability(target_probs, draft_probs, epsilon)
+
+
+def _keep_of_draft(target_of_draft: torch.Tensor, draft_of_draft: torch.Tensor, target_probs: torch.Tensor,
+                   rule: str, epsilon, delta) -> torch.Tensor:
+    """b(y) of the drafted tokens only (``[...]``; ``target_probs`` ``[..., V]`` is the law they are
+    judged against, needed by "typical" for its entropy): the same rule as :func:`keep_probabilities`
+    without building b over the whole vocabulary."""
+    if rule == "typical":
+        return (target_of_draft > typical_threshold(target_probs, epsilon, delta)).to(target_of_draft.dtype)
+    return acceptance_probability(target_of_draft, draft_of_draft, epsilon)
+
+
+def resampling_law(target_probs: torch.Tensor, draft_probs: torch.Tensor, rule: str = "overaccept",
+                   residual: str = "opt", epsilon=0.0, delta=0.0) -> torch.Tensor:
+    """The law a rule draws from after rejecting a token drafted from ``draft_probs`` ``[..., V]``
+    (``epsilon`` / ``delta`` as in :func:`keep_probabilities`): :func:`residual_distribution` with the
+    rule's own b where the OPT law needs it (typical acceptance)."""
+    keep = None
+    if rule == "typical" and residual == "opt":
+        keep = keep_probabilities(target_probs, draft_probs, rule, epsilon, delta)
+    return residual_distribution(target_probs, draft_probs, residual, keep)
+
+
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                          residual: str = "opt") -> torch.Tensor:
+                          residual: str = "opt", keep_probs: torch.Tensor | None = None) -> torch.Tensor:
     """The law to resample from after a rejection, ``[..., V]``.
 
-    "opt": norm([q - p]+) (the standard residual, also optimal for the relaxed rule); "uno": q.
-    Where [q - p]+ is all zero (p == q, so a rejection had probability 0 and only rounding got us
-    here) q is returned, which keeps the output law exact.
+    "opt": Theorem 4's minimal-bias law norm([q - b p]+) for the keep probabilities ``keep_probs`` b
+    ``[..., V]``; without them, norm([q - p]+), the standard residual, which is that law for every rule
+    of the over-acceptance family (lossless one included: where b < 1, b p >= q). "uno": q.
+    Where the positive part is all zero (p == q, so a rejection had probability 0 and only rounding
+    got us here) q is returned, which keeps the output law exact.
     """
     if residual == "uno":
         return target_probs
     if residual != "opt":
         raise ValueError(f"unknown residual {residual!r}; choose from {RESIDUALS}")
-    positive = (target_probs - draft_probs).clamp(min=0)
+    kept = draft_probs if keep_probs is None else keep_probs * draft_probs
+    positive = (target_probs - kept).clamp(min=0)
     total = positive.sum(-1, keepdim=True)
     return torch.where(total > 0, positive / total.clamp(min=torch.finfo(total.dtype).tiny), target_probs)
 
@@ -120,7 +196,8 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
                  draft_probs: torch.Tensor | None = None, draft_lengths: torch.Tensor | None = None,
                  epsilon=0.0, residual: str = "opt", generator: torch.Generator | None = None,
                  accept_uniforms: torch.Tensor | None = None,
-                 sample_uniforms: torch.Tensor | None = None) -> ChainVerdict:
+                 sample_uniforms: torch.Tensor | None = None, rule: str = "overaccept",
+                 delta=0.0) -> ChainVerdict:
     """Verify a chain of drafts per row with the standard (or relaxed) rule.
 
     Args:
@@ -130,7 +207,9 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
         draft_probs: ``[B, k, V]`` the draft's law at each position, or None for deterministic drafts.
         draft_lengths: ``[B]`` valid drafts per row (defaults to k); positions beyond are ignored and
             the token at the first ignored position is drawn from q, like a bonus token.
-        epsilon: over-acceptance (0 = lossless; a number or ``[B]``). residual: "opt" or "uno".
+        rule: "overaccept" (eps = 0 with residual "opt": the lossless standard rule) or "typical".
+        epsilon: over-acceptance, or typical acceptance's cap (a number or ``[B]``); delta: typical
+            acceptance's entropy factor (a number or ``[B]``). residual: "opt" or "uno".
         accept_uniforms ``[B, k]``, sample_uniforms ``[B, k + 1]``: the randomness (else drawn from
             ``generator``).
     """
@@ -140,10 +219,12 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
     if draft_lengths is None:
         draft_lengths = torch.full((batch,), k, dtype=torch.long, device=device)
     valid = torch.arange(k, device=device) < draft_lengths.unsqueeze(1)  # [B, k]
+    row_epsilon, row_delta = epsilon, delta  # per row [B], for the residual's law
     epsilon = epsilon.unsqueeze(1) if isinstance(epsilon, torch.Tensor) else epsilon
+    delta = delta.unsqueeze(1) if isinstance(delta, torch.Tensor) else delta
     sample_uniforms = _uniforms((batch, k + 1), target_probs, sample_uniforms, generator)
 
-    if draft_probs is None and _is_zero(epsilon):  # point masses: the coupling (module docstring)
+    if draft_probs is None and is_lossless(rule, epsilon, residual):  # point masses: the coupling (module docstring)
         drawn = sample_with_uniforms(target_probs, sample_uniforms)  # [B, k + 1]
         kept = (drawn[:, :k] == draft_tokens) & valid
         accepted_length = kept.long().cumprod(-1).sum(-1)
@@ -154,7 +235,7 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
         draft_of_draft = torch.ones_like(target_of_draft)
     else:
         draft_of_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    keep_prob = acceptance_probability(target_of_draft, draft_of_draft, epsilon)
+    keep_prob = _keep_of_draft(target_of_draft, draft_of_draft, target_probs[:, :k], rule, epsilon, delta)
     accept_uniforms = _uniforms((batch, k), keep_prob, accept_uniforms, generator)
     kept = (accept_uniforms.to(keep_prob.dtype) < keep_prob) & valid
     accepted_length = kept.long().cumprod(-1).sum(-1)
@@ -171,7 +252,8 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
         draft_row = draft_probs[rows, at]
     draft_row = draft_row * rejected_a_draft.unsqueeze(-1).to(draft_row.dtype)
     resample_law = torch.where(rejected_a_draft.unsqueeze(-1),
-                               residual_distribution(target_row, draft_row, residual), target_row)
+                               resampling_law(target_row, draft_row, rule, residual, row_epsilon, row_delta),
+                               target_row)
     return ChainVerdict(accepted_length, sample_with_uniforms(resample_law, sample_uniforms[rows, accepted_length]))
 
 
@@ -194,7 +276,8 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
                       draft_probs: torch.Tensor | None = None, num_candidates: torch.Tensor | None = None,
                       epsilon=0.0, residual: str = "opt", generator: torch.Generator | None = None,
                       candidate_mask: torch.Tensor | None = None, accept_uniforms: torch.Tensor | None = None,
-                      sample_uniforms: torch.Tensor | None = None) -> MultiDraftVerdict:
+                      sample_uniforms: torch.Tensor | None = None, rule: str = "overaccept",
+                      delta=0.0) -> MultiDraftVerdict:
     """Recursive residual verification of M candidates for one position (theory.md, Algorithm 4).
 
     Stage j keeps candidate j with probability min{1, q^j(y_j) / p_j(y_j)}; after a rejection
@@ -210,6 +293,10 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
         num_candidates: ``[B]`` how many of the M columns are real per row (default M), or
         candidate_mask: ``[B, M]`` which columns are real (they are tried in column order).
         accept_uniforms ``[B, M]``, sample_uniforms ``[B]``: the randomness (else from ``generator``).
+        rule, epsilon (``[B]`` or a number), delta, residual: as in :func:`verify_chain`. The lossy rules
+        run the same stages: "overaccept" judges candidate j against q^j; "typical" judges every
+        candidate against q itself (Medusa's test of a tree's candidates), its "opt" residual removing
+        b p after each rejection (Theorem 4's law, stage by stage).
     """
     batch, num_cols = candidate_tokens.shape
     device = candidate_tokens.device
@@ -219,7 +306,7 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
         candidate_mask = torch.arange(num_cols, device=device) < num_candidates.unsqueeze(1)
     epsilon = epsilon if not isinstance(epsilon, torch.Tensor) else epsilon.to(target_probs.dtype)
     sample_uniforms = _uniforms((batch,), target_probs, sample_uniforms, generator)
-    if draft_probs is None and _is_zero(epsilon):  # point masses: the coupling (module docstring)
+    if draft_probs is None and is_lossless(rule, epsilon, residual):  # point masses: the coupling (module docstring)
         token = sample_with_uniforms(target_probs, sample_uniforms)
         hits = candidate_mask & (candidate_tokens == token.unsqueeze(1))
         first = hits.to(torch.uint8).argmax(1)
@@ -239,15 +326,19 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
             stage_draft = _point_mass(candidate, law)
         else:
             stage_draft = draft_probs if draft_probs.dim() == 2 else draft_probs[:, j]
-        target_of_candidate = law.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
+        judged_law = target_probs if rule == "typical" else law
+        target_of_candidate = judged_law.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
         draft_of_candidate = stage_draft.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
-        keep_prob = acceptance_probability(target_of_candidate, draft_of_candidate, epsilon)
+        keep_prob = _keep_of_draft(target_of_candidate, draft_of_candidate, judged_law, rule, epsilon, delta)
         kept = live & (accept_uniforms[:, j].to(keep_prob.dtype) < keep_prob)
         accepted_index = torch.where(kept, torch.full_like(accepted_index, j), accepted_index)
         token = torch.where(kept, candidate, token)
         open_rows &= ~kept
         rejected = live & ~kept
-        law = torch.where(rejected.unsqueeze(-1), residual_distribution(law, stage_draft, residual), law)
+        keep_all = None
+        if rule == "typical" and residual == "opt":
+            keep_all = keep_probabilities(target_probs, stage_draft, rule, epsilon, delta)
+        law = torch.where(rejected.unsqueeze(-1), residual_distribution(law, stage_draft, residual, keep_all), law)
     if bool(open_rows.any()):  # draw only for the rows that rejected every candidate
         token = torch.where(open_rows, sample_with_uniforms(law, sample_uniforms), token)
     return MultiDraftVerdict(accepted_index, token)

@@ -14,6 +14,7 @@ import torch
 
 from genspec.acceptance.rules import (
     _uniforms,
+    is_lossless,
     sample_with_uniforms,
     verify_chain,
     verify_greedy,
@@ -29,11 +30,14 @@ class Verdict:
     ``path`` ``[B, k + 1]``: block nodes to keep, in order: node 0 (the last committed token), then the
     accepted draft tokens' nodes; -1 after them. ``accepted_length`` ``[B]``: accepted draft tokens.
     ``next_token`` ``[B]``: the token emitted after them (a residual or greedy correction, or the bonus).
+    ``target_probs`` ``[B, N, V]``: the target's processed laws at the block's nodes, which the rule
+    judged against (None when every row was greedy and no law was built).
     """
 
     path: torch.Tensor
     accepted_length: torch.Tensor
     next_token: torch.Tensor
+    target_probs: torch.Tensor | None = None
 
     @classmethod
     def of_chain(cls, verdict, k: int) -> "Verdict":
@@ -46,7 +50,7 @@ def verify_tree(chains: torch.Tensor, lengths: torch.Tensor, node_of: torch.Tens
                 target_probs: torch.Tensor | None = None, target_argmax: torch.Tensor | None = None,
                 draft_probs: torch.Tensor | None = None, epsilon=0.0, residual: str = "opt",
                 accept_uniforms: torch.Tensor | None = None, sample_uniforms: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> Verdict:
+                generator: torch.Generator | None = None, rule: str = "overaccept", delta=0.0) -> Verdict:
     """Walk a token tree one depth at a time, all rows at once.
 
     At depth d each row's candidates are its live chains (those whose first d tokens are the accepted
@@ -63,7 +67,7 @@ def verify_tree(chains: torch.Tensor, lengths: torch.Tensor, node_of: torch.Tens
     greedy = target_probs is None
     if not greedy:
         sample_uniforms = _uniforms((batch, k + 1), target_probs, sample_uniforms, generator)
-        if draft_probs is not None or not bool((torch.as_tensor(epsilon) == 0).all()):
+        if draft_probs is not None or not is_lossless(rule, epsilon, residual):
             accept_uniforms = _uniforms((batch, k, num_chains), target_probs, accept_uniforms, generator)
 
     def bonus(node, depth):
@@ -96,7 +100,7 @@ def verify_tree(chains: torch.Tensor, lengths: torch.Tensor, node_of: torch.Tens
                 candidates, target_probs[rows, node], None if draft_probs is None else draft_probs[:, :, depth],
                 epsilon=epsilon, residual=residual, candidate_mask=live & walking.unsqueeze(1),
                 accept_uniforms=None if accept_uniforms is None else accept_uniforms[:, depth],
-                sample_uniforms=sample_uniforms[:, depth])
+                sample_uniforms=sample_uniforms[:, depth], rule=rule, delta=delta)
             chosen, token = verdict.accepted_index, verdict.token
         kept = walking & (chosen >= 0)
         next_token = torch.where(walking & ~kept, token, next_token)
@@ -114,7 +118,8 @@ def verify(chains: torch.Tensor, lengths: torch.Tensor, target_logits: torch.Ten
            sampling: SamplingConfig | list[SamplingConfig], node_of: torch.Tensor | None = None,
            draft_probs: torch.Tensor | None = None, seen: torch.Tensor | None = None, epsilon=0.0,
            residual: str = "opt", accept_uniforms: torch.Tensor | None = None,
-           sample_uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None) -> Verdict:
+           sample_uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None,
+           rule: str = "overaccept", delta=0.0) -> Verdict:
     """Verify a draft block against the target's raw logits ``[B, N, V]`` at its nodes.
 
     ``node_of`` None means a chain block (M = 1, ``[last, d_1 .. d_k]``, N = k + 1), verified with the
@@ -122,6 +127,9 @@ def verify(chains: torch.Tensor, lengths: torch.Tensor, target_logits: torch.Ten
     :func:`genspec.sampling.process_logits` (``seen`` ``[B, N, V]``: the repetition-penalty mask of each
     node); if every row is greedy only the argmax is needed and no law is built. Greedy rows in a
     sampled batch get the one-hot law of their argmax, under which the standard rule is token match.
+    ``rule``, ``epsilon``, ``delta``, ``residual``: the acceptance rule of the sampled rows
+    (:func:`genspec.acceptance.verify_chain`); greedy rows always match tokens, so lossy rules are for
+    sampled rows only (``GenerationConfig`` refuses them at temperature 0).
     """
     batch, num_chains, k = chains.shape
     rows = per_row(sampling, batch)
@@ -137,8 +145,12 @@ def verify(chains: torch.Tensor, lengths: torch.Tensor, target_logits: torch.Ten
     if node_of is None:
         verdict = verify_chain(chains[:, 0], target_probs, None if draft_probs is None else draft_probs[:, 0],
                                lengths[:, 0], epsilon, residual, generator,
-                               None if accept_uniforms is None else accept_uniforms[:, :, 0], sample_uniforms)
-        return Verdict.of_chain(verdict, k)
-    return verify_tree(chains, lengths, node_of, target_probs=target_probs, draft_probs=draft_probs,
-                       epsilon=epsilon, residual=residual, accept_uniforms=accept_uniforms,
-                       sample_uniforms=sample_uniforms, generator=generator)
+                               None if accept_uniforms is None else accept_uniforms[:, :, 0], sample_uniforms,
+                               rule=rule, delta=delta)
+        verdict = Verdict.of_chain(verdict, k)
+    else:
+        verdict = verify_tree(chains, lengths, node_of, target_probs=target_probs, draft_probs=draft_probs,
+                              epsilon=epsilon, residual=residual, accept_uniforms=accept_uniforms,
+                              sample_uniforms=sample_uniforms, generator=generator, rule=rule, delta=delta)
+    verdict.target_probs = target_probs
+    return verdict

@@ -166,6 +166,40 @@ def tokens_per_second_vs_k(results: dict, summary: dict, path: Path) -> bool:
     return True
 
 
+def tradeoff_plot(records: list[dict], path: Path, title: str) -> None:
+    """Measured (rejection rate, bias) per setting against the Pareto front: each setting's front point
+    (hollow, same rejection rate) and the line bias = mean TV - rejection, mean TV over all settings."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    styles = {}
+    markers = {"opt": "o", "uno": "s"}
+    measured = [r for r in records if r["rejection_rate"] is not None]
+    for r in measured:
+        key = (r["rule"], r["residual"])
+        if key not in styles:
+            styles[key] = plt.get_cmap("tab10")(len(styles) % 10)
+            label = f"{r['rule']}, {r['residual'].upper()}"
+        else:
+            label = None
+        color = styles[key]
+        marker = markers[r["residual"]] if r["rule"] == "overaccept" else ("^" if r["residual"] == "opt" else "v")
+        ax.plot(r["rejection_rate"], r["bias_tv"], marker, color=color, label=label, markersize=7)
+        ax.plot(r["rejection_rate"], r["pareto_bias"], marker, color=color, fillstyle="none", markersize=7, alpha=0.7)
+        ax.vlines(r["rejection_rate"], r["pareto_bias"], r["bias_tv"], color=color, linewidth=0.6, alpha=0.5)
+        ax.annotate(f"{r['eps']:g}", (r["rejection_rate"], r["bias_tv"]), textcoords="offset points", xytext=(4, 4),
+                    fontsize=7, color=color)
+    if measured:
+        tv = sum(r["details"]["tv"] for r in measured) / len(measured)
+        ax.plot([0, tv], [tv, 0], "--", color="gray", label=f"Pareto front, mean TV(p, q) = {tv:.3f}")
+    ax.set_xlabel("rejection rate (mean R per judged draft position)")
+    ax.set_ylabel("bias (mean TV(b p + R P, q) per judged position)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, title="filled: measured; hollow: front at the same R; labels: eps", title_fontsize=7)
+    _save(plt, fig, path)
+
+
 def write_plots(results: dict, summary: dict, out_dir: Path) -> list[Path]:
     """Every figure that applies to this run; returns the files written."""
     out_dir = Path(out_dir)

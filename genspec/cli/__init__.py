@@ -25,6 +25,7 @@ _SUBCOMMANDS = [
     "genspec.cli.calibrate",
     "genspec.cli.train",
     "genspec.cli.bench",
+    "genspec.cli.tradeoff",
     "genspec.cli.serve",
 ]
 

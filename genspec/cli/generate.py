@@ -27,9 +27,16 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    parser.add_argument("--rule", default="overaccept", choices=["overaccept", "typical"],
+                        help="acceptance rule: overaccept b=min(1,(q+eps)/p) (default; lossless only with "
+                             "--epsilon 0 --residual opt) or typical (Medusa: keep y iff q(y) > min(eps, "
+                             "delta*exp(-H(q))); LOSSY)")
     parser.add_argument("--epsilon", type=float, default=0.0,
-                        help="LOSSY over-acceptance b=min(1,(q+eps)/p); 0 = lossless (default)")
-    parser.add_argument("--residual", default="opt", choices=["opt", "uno"], help="resampling law with --epsilon")
+                        help="over-acceptance (LOSSY if > 0; default 0) or typical acceptance's cap (Medusa: 0.09)")
+    parser.add_argument("--delta", type=float, default=0.3, help="typical acceptance's entropy factor (default 0.3)")
+    parser.add_argument("--residual", default="opt", choices=["opt", "uno"],
+                        help="law drawn after a rejection: opt (default; norm([q - b p]+), least bias) or uno "
+                             "(q itself: LOSSY even at --epsilon 0)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
 
 
@@ -94,7 +101,7 @@ def generation_config(args):
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,
                             stop_strings=tuple(args.stop), epsilon=args.epsilon, residual=args.residual,
-                            draft_length=args.draft_length)
+                            draft_length=args.draft_length, rule=args.rule, delta=args.delta)
 
 
 def add_parser(subparsers) -> None:
@@ -115,7 +122,7 @@ def _merge_stats(results) -> dict:
     """Stats of a batch: sums of the counts; times of the batch (shared by its rows)."""
     from genspec.engine import RequestStats
 
-    total = RequestStats()
+    total = RequestStats(acceptance=results[0].stats.acceptance)
     for r in results:
         s = r.stats
         total.drafted_tokens += s.drafted_tokens
@@ -169,6 +176,7 @@ def run_generate(args) -> int:
                 print(f"--- sample {i + 1}")
             print(r.text)
         s = _merge_stats(results)
+        lossy = "" if config.lossless else f", LOSSY acceptance: {json.dumps(config.acceptance)}"
         print(f"[{s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s, acceptance {s['acceptance_rate']:.2f}, "
-              f"mean accepted length {s['mean_accepted_length']:.2f}]", file=sys.stderr)
+              f"mean accepted length {s['mean_accepted_length']:.2f}{lossy}]", file=sys.stderr)
     return 0

@@ -1,6 +1,6 @@
 """``genspec theory ...``: the theory toolkit on the command line.
 
-Subcommands: random-chain, rejections, limit, leviathan, pareto, figures. Every one prints a readable
+Subcommands: random-chain, rejections, limit, leviathan, pareto, optimality, figures. Every one prints a readable
 text line (or table) by default and one JSON object with ``--json``.
 """
 from __future__ import annotations
@@ -64,6 +64,21 @@ def add_parser(subparsers) -> None:
     par.add_argument("--eps", metavar="E1,E2,...", help="over-acceptance grid (default 0,0.05,...,0.3)")
     par.add_argument("--json", action="store_true")
     par.set_defaults(func=run_pareto)
+
+    opt = sub.add_parser("optimality", help="Theorem 2: standard SD vs other rejection-based rules, exact and simulated",
+                         description="Compare standard speculative decoding with unbiased rejection-based rules that "
+                                     "accept less (b scaled by a factor, or raised to a power; each resampling from "
+                                     "norm([q - b p]+), the law that keeps the output exact) and, for contrast, "
+                                     "over-acceptance (rejects less, biased). Exact expected rejections and bias; "
+                                     "with --simulate, Monte-Carlo runs and a chi-square test of the last token.")
+    opt.add_argument("pair", metavar="PAIR.json", help='chain pair {initial, draft, target} or one step {"draft", "target"}')
+    opt.add_argument("--factors", metavar="C1,C2,...", help="scaling factors in (0, 1] (default 0.9,0.75,0.5)")
+    opt.add_argument("--powers", metavar="G1,...", help="powers >= 1 (default 2)")
+    opt.add_argument("--epsilon", type=float, default=0.1, help="over-acceptance shown for contrast (0: none)")
+    opt.add_argument("--simulate", type=int, default=20_000, metavar="N", help="simulated runs per rule (0: exact only)")
+    opt.add_argument("--seed", type=int, default=0)
+    opt.add_argument("--json", action="store_true")
+    opt.set_defaults(func=run_optimality)
 
     fig = sub.add_parser("figures", help="write the paper's figures as PNG files")
     fig.add_argument("--out", required=True, metavar="DIR")
@@ -221,6 +236,51 @@ def run_pareto(args) -> int:
     lines += [f"{pt.epsilon:>8.4g} {pt.rejection:>10.6f} {pt.loss_star:>10.6f} {pt.opt_bias:>10.6f} "
               f"{pt.uno_bias:>10.6f}" for pt in points]
     return _emit(args, payload, "\n".join(lines))
+
+
+def run_optimality(args) -> int:
+    from genspec.theory import optimality
+
+    if args.simulate < 0:
+        raise ConfigError(f"--simulate must be >= 0, got {args.simulate}")
+    rules = optimality.comparison_rules(
+        _float_list(args.factors, "--factors") if args.factors else optimality.DEFAULT_FACTORS,
+        _float_list(args.powers, "--powers") if args.powers else optimality.DEFAULT_POWERS, args.epsilon)
+    chain = _chain_or_pair(Path(args.pair))
+    outcomes = optimality.compare_rules(chain, rules, args.simulate, args.seed)
+    standard = outcomes[0].expected_rejections
+    fewer = [o.name for o in outcomes[1:] if o.unbiased and o.expected_rejections < standard - 1e-12]
+    payload = {"horizon": chain.horizon, "vocab": chain.vocab_size, "simulated_runs": args.simulate,
+               "seed": args.seed, "rules": [o.as_dict() for o in outcomes],
+               "unbiased_with_fewer_rejections": fewer}
+    lines = [f"Theorem 2 on T = {chain.horizon}, V = {chain.vocab_size}: every rule drafts y ~ p, keeps it with "
+             f"probability b(y), else draws from norm([q - b p]+)",
+             f"{'rule':<18} {'b':<44} {'E[N_rej] exact':>14} {'simulated':>20} {'max bias':>10} {'chi2 p':>8}"]
+    for o in outcomes:
+        simulated = "" if o.simulated_mean is None else f"{o.simulated_mean:.4f} ± {o.simulated_stderr:.4f}"
+        pvalue = "" if o.chi_square_pvalue is None else f"{o.chi_square_pvalue:.3g}"
+        lines.append(f"{o.name:<18} {o.description:<44} {o.expected_rejections:>14.6f} {simulated:>20} "
+                     f"{o.max_bias:>10.3g} {pvalue:>8}")
+    lines.append("no unbiased rule rejects less than standard SD" if not fewer
+                 else f"UNEXPECTED: unbiased rules with fewer rejections: {', '.join(fewer)}")
+    if args.simulate:
+        lines.append(f"simulated: {args.simulate} runs per rule, seed {args.seed}; chi2 p: the last token's counts "
+                     f"against the target chain's law (unbiased rules should pass p > 1e-3)")
+    return _emit(args, payload, "\n".join(lines))
+
+
+def _chain_or_pair(path: Path):
+    """A chain-pair file, or a one-step {"draft", "target"} file as a chain of horizon 1."""
+    from genspec.theory.chains import load_chain
+    from genspec.theory.optimality import single_step_chain
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = None  # load_chain reports the problem in one line
+    if isinstance(data, dict) and "initial" not in data and "draft" in data:
+        return single_step_chain(*_read_pair_file(path))
+    return load_chain(path)
 
 
 def _pareto_pair(args):

@@ -115,6 +115,7 @@ class _Server:
                 options["num_draft_tokens"] = speculative.num_draft_tokens
             if speculative.draft_length is not None:
                 options["draft_length"] = speculative.draft_length
+            options.update(speculative.model_dump(include={"rule", "epsilon", "delta", "residual"}, exclude_none=True))
         try:
             return GenerationConfig(
                 max_new_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
@@ -202,6 +203,9 @@ class _Server:
             end = time.perf_counter()
             if step.finish_reason in ("eos", "stop", "length"):
                 self.metrics.success.labels(finished_reason=_openai_reason(step.finish_reason)).inc()
+                if step.stats.acceptance is not None and not step.stats.acceptance["lossless"]:
+                    self.metrics.lossy.labels(rule=step.stats.acceptance["rule"],
+                                              residual=step.stats.acceptance["residual"]).inc()
                 self.metrics.e2e_latency.observe(end - started)
                 if len(choice.tokens) > 1 and choice.first_token_at is not None:
                     self.metrics.time_per_output_token.observe((end - choice.first_token_at) / (len(choice.tokens) - 1))

@@ -25,6 +25,9 @@ class Metrics:
                                         registry=r)
         self.success = Counter("genspec:request_success", "Requests finished, by finish reason", ["finished_reason"],
                                registry=r)
+        self.lossy = Counter("genspec:request_lossy", "Requests finished with a lossy acceptance rule (their "
+                             "output does not have the model's law), by rule and residual", ["rule", "residual"],
+                             registry=r)
         self.failure = Counter("genspec:request_failure",
                                "Requests not finished: invalid, queue_full, cancelled (client gone), error",
                                ["reason"], registry=r)

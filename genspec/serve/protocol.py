@@ -30,7 +30,9 @@ class APIError(Exception):
 
 class SpeculativeOptions(BaseModel):
     """Per-request speculation (genspec's extension): which drafter, how many tokens, which
-    draft-length policy, or ``enabled: false`` for plain decoding."""
+    draft-length policy, or ``enabled: false`` for plain decoding; and the acceptance rule (default the
+    lossless standard rule; ``epsilon`` > 0, ``residual`` "uno" or ``rule`` "typical" are lossy, opt-in,
+    and reported in the response's metrics with ``lossless: false``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,6 +40,10 @@ class SpeculativeOptions(BaseModel):
     drafter: str | None = None
     num_draft_tokens: int | None = Field(None, ge=1, le=64)
     draft_length: Literal["fixed", "heuristic", "cost"] | None = None
+    rule: Literal["overaccept", "typical"] | None = None
+    epsilon: float | None = Field(None, ge=0.0, le=1.0)
+    delta: float | None = Field(None, ge=0.0)
+    residual: Literal["opt", "uno"] | None = None
 
 
 class StreamOptions(BaseModel):
@@ -133,7 +139,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def speculation_metrics(stats: list[RequestStats]) -> dict:
-    """vLLM's per-request speculative-decoding figures, pooled over a request's samples (``n``)."""
+    """vLLM's per-request speculative-decoding figures, pooled over a request's samples (``n``), and
+    genspec's ``acceptance``: the rule, its parameters and whether it is lossless (one config per request)."""
     steps = sum(s.target_calls for s in stats)
     drafted = sum(s.drafted_tokens for s in stats)
     accepted = sum(s.accepted_tokens for s in stats)
@@ -149,4 +156,5 @@ def speculation_metrics(stats: list[RequestStats]) -> dict:
         "num_spec_steps": steps,
         "num_draft_tokens": drafted,
         "num_accepted_draft_tokens": accepted,
+        "acceptance": stats[0].acceptance if stats else None,
     }}

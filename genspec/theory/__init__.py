@@ -8,7 +8,10 @@ Specification: theory.md (Yin et al., NeurIPS 2024; Leviathan et al., ICML 2023)
                                    Prop. 1 limit, single-step improvement), float64 NumPy.
 - :mod:`~genspec.theory.simulate`  Monte-Carlo simulators (vectorised over runs) built on
                                    :mod:`genspec.acceptance`, the engine's acceptance code.
-- :mod:`~genspec.theory.pareto`    bias vs rejections (Thm 4/5), over-acceptance with OPT / UNO.
+- :mod:`~genspec.theory.pareto`    bias vs rejections (Thm 4/5), over-acceptance with OPT / UNO, typical
+                                   acceptance; on arrays or tensors (the engine's bias measurement).
+- :mod:`~genspec.theory.optimality` Theorem 2: standard SD against other rejection-based rules.
+- :mod:`~genspec.theory.stats`     chi-square with pooled cells, Wilson interval.
 - :mod:`~genspec.theory.leviathan` tokens per target call, speedup, optimal gamma.
 - :mod:`~genspec.theory.figures`   the paper's figures (``genspec theory figures``).
 """

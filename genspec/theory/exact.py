@@ -46,8 +46,11 @@ _BINOMIAL_SECONDS_PER_ENTRY, _BINOMIAL_BYTES_PER_ENTRY = 1.2e-7, 42
 # distributions
 
 
-def total_variation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """TV(a, b) = 1/2 sum_x |a(x) - b(x)| over the last axis: ``[..., V] -> [...]``."""
+def total_variation(a, b):
+    """TV(a, b) = 1/2 sum_x |a(x) - b(x)| over the last axis: ``[..., V] -> [...]`` (arrays or lists; two
+    torch tensors give a tensor)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return 0.5 * (a - b).abs().sum(-1)
     return 0.5 * np.abs(np.asarray(a) - np.asarray(b)).sum(axis=-1)
 
 

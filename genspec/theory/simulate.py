@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from genspec.acceptance import verify_multidraft
+from genspec.acceptance import check_rule, verify_multidraft
 from genspec.errors import ConfigError
 from genspec.theory.budget import Cost, check
 from genspec.theory.chains import ChainPair
@@ -75,13 +75,15 @@ def simulation_cost(vocab_size: int, horizon: int, num_runs: int, batch: int = 1
 
 def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "batch", seed: int = 0,
              epsilon: float = 0.0, residual: str = "opt", chunk_size: int = DEFAULT_CHUNK,
-             progress: Callable[[int], None] | None = None) -> Simulation:
+             progress: Callable[[int], None] | None = None, rule: str = "overaccept",
+             delta: float = 0.0) -> Simulation:
     """Simulate ``num_runs`` independent generations of T tokens with M = ``batch`` drafts per round.
 
     ``variant``: "batch" (Algorithm 4: after an acceptance only the accepted draft continues) or
     "multidraft" (every draft agreeing with the accepted prefix stays live). ``batch = 1`` is standard
     SD. ``epsilon > 0`` switches to the lossy over-acceptance rule (``residual`` "opt" or "uno"),
-    which is biased (Theorem 2); the default is lossless.
+    which is biased (Theorem 2), as does ``residual="uno"`` at eps = 0; ``rule="typical"`` is Medusa's
+    typical acceptance (``epsilon``, ``delta``). The default is lossless.
 
     ``progress(k)`` is called after every simulated position with k = number of runs advanced.
     Refused (:class:`ConfigError`) above the theory toolkit's limits (:mod:`genspec.theory.budget`).
@@ -92,6 +94,7 @@ def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "ba
         raise ConfigError(f"batch (drafts per round) must be an integer >= 1, got {batch}")
     if variant not in VARIANTS:
         raise ConfigError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    check_rule(rule, residual, epsilon, delta)
     check(simulation_cost(chain.vocab_size, chain.horizon, num_runs, int(batch), chunk_size),
           f"simulating {num_runs} runs with M = {batch} on V = {chain.vocab_size}, T = {chain.horizon}")
     generator = torch.Generator().manual_seed(int(seed))
@@ -101,7 +104,7 @@ def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "ba
         for start in range(0, num_runs, chunk_size):
             runs = min(chunk_size, num_runs - start)
             chunk_rejections, chunk_sequences = _simulate_chunk(tensors, runs, int(batch), variant, epsilon,
-                                                                residual, generator, progress)
+                                                                residual, generator, progress, rule, delta)
             rejections.append(chunk_rejections)
             sequences.append(chunk_sequences)
     return Simulation(torch.cat(rejections).numpy(), torch.cat(sequences).numpy())
@@ -135,7 +138,8 @@ class _ChainTensors:
 
 
 def _simulate_chunk(chain: _ChainTensors, runs: int, batch: int, variant: str, epsilon: float, residual: str,
-                    generator: torch.Generator, progress) -> tuple[torch.Tensor, torch.Tensor]:
+                    generator: torch.Generator, progress, rule: str = "overaccept",
+                    delta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     horizon = chain.draft.shape[0]
     sequences = torch.empty((runs, horizon + 1), dtype=torch.long)
     rejections = torch.zeros(runs, dtype=torch.long)
@@ -147,7 +151,7 @@ def _simulate_chunk(chain: _ChainTensors, runs: int, batch: int, variant: str, e
         target_rows = chain.target[n][state]  # [N, V] q(. | x_n)
         candidates = draw_candidates(draft_rows, batch, generator)  # [N, M], columns >= live unused
         accepted_index, token = verify_position(candidates, target_rows, draft_rows, live, epsilon, residual,
-                                                generator)
+                                                generator, rule, delta)
         rejections += (accepted_index < 0).long()
         live = next_live_drafts(candidates, accepted_index, token, live, batch, variant)
         state = token
@@ -158,8 +162,8 @@ def _simulate_chunk(chain: _ChainTensors, runs: int, batch: int, variant: str, e
 
 
 def verify_position(candidates: torch.Tensor, target_rows: torch.Tensor, draft_rows: torch.Tensor,
-                    live: torch.Tensor, epsilon: float, residual: str,
-                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                    live: torch.Tensor, epsilon: float, residual: str, generator: torch.Generator,
+                    rule: str = "overaccept", delta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify every run's live candidates at one position with the shared acceptance code.
 
     Returns (accepted candidate index or -1 if all were rejected ``[N]``, emitted token ``[N]``).
@@ -176,7 +180,7 @@ def verify_position(candidates: torch.Tensor, target_rows: torch.Tensor, draft_r
             continue
         verdict = verify_multidraft(candidates[rows, :columns], target_rows[rows], draft_rows[rows],
                                     num_candidates=live[rows], epsilon=epsilon, residual=residual,
-                                    generator=generator)
+                                    generator=generator, rule=rule, delta=delta)
         accepted_index[rows] = verdict.accepted_index
         token[rows] = verdict.token
     return accepted_index, token
@@ -233,11 +237,43 @@ def sample_rejection_rule(draft_probs: np.ndarray, keep_probs: np.ndarray, resam
     :func:`genspec.acceptance.residual_distribution`.
     """
     generator = torch.Generator().manual_seed(int(seed))
-    draft = torch.as_tensor(np.asarray(draft_probs, dtype=np.float64))
+
+    def rows(values):
+        return torch.as_tensor(np.asarray(values, dtype=np.float64)).expand(num_runs, -1)
+
+    tokens, rejected = _rule_step(rows(draft_probs), rows(keep_probs), rows(resample_probs), generator)
+    return tokens.numpy(), rejected.numpy()
+
+
+def simulate_rule(chain: ChainPair, keep_probs: np.ndarray, resample_probs: np.ndarray, num_runs: int,
+                  seed: int = 0) -> Simulation:
+    """The generic rejection-based rule along a Markov-chain pair: at position n in state x, draw
+    y ~ p_n(. | x), keep it with probability ``keep_probs[n, x, y]``, otherwise draw from
+    ``resample_probs[n, x]`` (both ``[T, V, V]``); a rejection counts one. Theorem 2 compares rules
+    of this form (``genspec theory optimality``)."""
+    if num_runs < 1:
+        raise ConfigError(f"number of simulated runs must be >= 1, got {num_runs}")
+    generator = torch.Generator().manual_seed(int(seed))
+    tensors = _ChainTensors.from_chain(chain)
     keep = torch.as_tensor(np.asarray(keep_probs, dtype=np.float64))
     resample = torch.as_tensor(np.asarray(resample_probs, dtype=np.float64))
-    drafted = sample_rows(draft.expand(num_runs, -1), 1, generator).squeeze(1)
-    kept = torch.rand(num_runs, generator=generator, dtype=torch.float64) < keep[drafted]
-    redrawn = sample_rows(resample.expand(num_runs, -1), 1, generator).squeeze(1)
-    tokens = torch.where(kept, drafted, redrawn)
-    return tokens.numpy(), (~kept).numpy()
+    with single_thread():
+        state = sample_rows(tensors.initial.expand(num_runs, -1), 1, generator).squeeze(1)
+        sequences = torch.empty((num_runs, chain.horizon + 1), dtype=torch.long)
+        sequences[:, 0] = state
+        rejections = torch.zeros(num_runs, dtype=torch.long)
+        for n in range(chain.horizon):
+            state, rejected = _rule_step(tensors.draft[n][state], keep[n][state], resample[n][state], generator)
+            rejections += rejected.long()
+            sequences[:, n + 1] = state
+    return Simulation(rejections.numpy(), sequences.numpy())
+
+
+def _rule_step(draft_rows: torch.Tensor, keep_rows: torch.Tensor, resample_rows: torch.Tensor,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One position of the generic rule for every run (rows ``[N, V]``): (tokens ``[N]``, rejected ``[N]``)."""
+    drafted = sample_rows(draft_rows, 1, generator).squeeze(1)
+    kept = torch.rand(len(drafted), generator=generator, dtype=torch.float64) < keep_rows.gather(
+        1, drafted.unsqueeze(1)).squeeze(1)
+    redrawn = sample_rows(resample_rows, 1, generator).squeeze(1)
+    return torch.where(kept, drafted, redrawn), ~kept
