@@ -29,7 +29,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--rule", default="overaccept", metavar="LIST",
                         help="rules, comma-separated: overaccept (b = min(1, (q + eps)/p)), typical (Medusa: keep y "
                              "iff q(y) > min(eps, delta exp(-H(q)))); default overaccept")
-    parser.add_argument("--eps", default="0,0.2,0.8", metavar="LIST", help="eps grid (default 0,0.2,0.8)")
+    parser.add_argument("--eps", default="0,0.01,0.05", metavar="LIST",
+                        help="eps grid (default 0,0.01,0.05: with a large vocabulary, eps = 0.05 already accepts "
+                             "almost every draft token)")
     parser.add_argument("--typical-eps", metavar="LIST", help="eps grid of the typical rule (default: --eps)")
     parser.add_argument("--residual", default="opt,uno", metavar="LIST", help="residuals: opt, uno (default both)")
     parser.add_argument("--delta", default="0.3", metavar="LIST", help="typical acceptance's delta grid (default 0.3)")
