@@ -197,6 +197,33 @@ def test_engine_drops_weak_free_drafts_and_stays_exact():
     assert first_right >= 10  # strong ones (always right) keep being verified
 
 
+def test_policies_learn_a_trees_depth_not_its_node_count():
+    """A free drafter proposing two candidate chains of 4 tokens (a tree of 8 nodes, 4 deep): the true
+    continuation and a wrong one. Every draft's path is kept whole, so the heuristic policy (+2 after a
+    fully kept draft, -1 otherwise) must stay at k = 4; counting the 8 nodes as 8 positions would call
+    each draft half rejected and shrink k to 1."""
+    from genspec.drafters.base import Draft, Drafter
+
+    target = HFCausalLM(tiny_llama(0))
+    prompt = [[5, 6, 7, 8, 9, 5, 6, 7]]
+    plain = SpeculativeEngine(target).generate_ids(prompt, max_new_tokens=40, eos_token_ids=())[0].token_ids
+
+    class OracleTree(Drafter):
+        name, free, max_candidates = "oracle-tree", True, 2
+
+        def propose(self, requests):
+            done = len(requests[0].sequence) - len(prompt[0])
+            truth = plain[done:done + requests[0].max_tokens]
+            return Draft.from_chains([[truth, [(t + 1) % 64 for t in truth]]], num_chains=2)
+
+    result = SpeculativeEngine(target, OracleTree()).generate_ids(prompt, max_new_tokens=40, eos_token_ids=(),
+                                                                  num_draft_tokens=4, draft_length="heuristic")[0]
+    assert result.token_ids == plain
+    stats = result.stats
+    assert stats.drafted_per_position[3] >= stats.target_calls - 2  # (the last steps are cut by the budget)
+    assert stats.accepted_tokens == stats.accepted_per_position[0] + sum(stats.accepted_per_position[1:])
+
+
 # ------------------------------------------------------------------------------ a batch's plan
 def _costs(step: float = 0.1, per_token: float = 0.01) -> CostModel:
     """Verify costs that grow linearly with the block's rows x width, as on a compute-bound CPU."""
