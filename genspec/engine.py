@@ -32,6 +32,7 @@ from genspec.sampling import SamplingConfig, block_seen_mask, seen_mask
 from genspec.theory.pareto import StepStatistics, chain_step_statistics
 
 NO_DRAFTER = "none"
+AUTO = "auto"  # GenerationConfig.rule: the engine picks the rule (GenerationConfig.resolved)
 
 
 @dataclass
@@ -40,7 +41,12 @@ class GenerationConfig:
 
     Acceptance (:mod:`genspec.acceptance`): ``rule`` "overaccept" keeps a draft token with probability
     b = min{1, (q + eps)/p}; with ``epsilon`` 0 and ``residual`` "opt" that is the standard, lossless
-    rule (the default). ``epsilon > 0``, or ``residual`` "uno" (resample from q, biased even at eps 0),
+    rule. "coupled" (lossless) draws draft and target with shared noise and keeps matching tokens: a
+    seeded request then gives the same tokens under every draft-length policy, whatever its drafter
+    (:mod:`genspec.randomness`), for a lower acceptance than the standard rule's 1 - TV. "auto" (the
+    default) is "coupled" for a seeded, sampled, lossless request whose drafter samples its drafts
+    (``Drafter.samples_drafts``) and "overaccept" otherwise (:meth:`resolved`; the stats report the rule
+    used). ``epsilon > 0``, or ``residual`` "uno" (resample from q, biased even at eps 0),
     or ``rule`` "typical" (Medusa: keep y iff q(y) > min(eps, delta exp(-H(q)))) are lossy: the output
     no longer has the target's law (:attr:`lossless` False, reported in the stats). Lossy rules need
     sampling (temperature > 0): greedy decoding is exact token matching. ``measure_bias``: record the
@@ -66,7 +72,7 @@ class GenerationConfig:
     draft_length: str = "cost"
     drafter: str | None = None
     drafter_options: dict = field(default_factory=dict)
-    rule: str = "overaccept"
+    rule: str = "auto"
     delta: float = 0.3  # typical acceptance's entropy factor (Medusa's default)
     measure_bias: bool = False
 
@@ -75,7 +81,15 @@ class GenerationConfig:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
         if int(self.num_draft_tokens) != self.num_draft_tokens or self.num_draft_tokens < 1:
             raise ConfigError(f"num_draft_tokens (k) must be an integer >= 1, got {self.num_draft_tokens}")
-        check_rule(self.rule, self.residual, self.epsilon, self.delta)
+        if self.rule == AUTO:
+            check_rule("overaccept", self.residual, self.epsilon, self.delta)
+            if not self.lossless:  # "auto" chooses between lossless rules only
+                self.rule = "overaccept"
+        else:
+            check_rule(self.rule, self.residual, self.epsilon, self.delta)
+        if self.measure_bias and self.rule == "coupled":
+            raise ConfigError("bias measurement needs the overaccept or typical rule (the coupled rule is "
+                              "lossless and its rejection has no closed form)")
         if self.draft_length not in POLICIES:
             raise ConfigError(f"draft_length must be one of {POLICIES}, got {self.draft_length!r}")
         self.stop_strings = (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings or ())
@@ -90,14 +104,24 @@ class GenerationConfig:
     @property
     def lossless(self) -> bool:
         """True iff the output has exactly the target's law (the standard rule)."""
-        return is_lossless(self.rule, self.epsilon, self.residual)
+        return is_lossless("overaccept" if self.rule == AUTO else self.rule, self.epsilon, self.residual)
+
+    def resolved(self, samples_drafts: bool) -> "GenerationConfig":
+        """This config with rule "auto" made concrete for a drafter that does (or not) sample its drafts:
+        "coupled" when the request is seeded, sampled and lossless and the drafter samples (so that its
+        seed reproduces it under every draft-length policy), else "overaccept"."""
+        if self.rule != AUTO:
+            return self
+        coupled = (samples_drafts and self.seed is not None and not self.sampling.greedy and self.lossless
+                   and not self.measure_bias)
+        return replace(self, rule="coupled" if coupled else "overaccept")
 
     @property
     def acceptance(self) -> dict:
         """The acceptance rule as reported in stats and JSON: rule, epsilon, delta (typical only),
         residual, lossless."""
         return {"rule": self.rule, "epsilon": self.epsilon, "delta": self.delta if self.rule == "typical" else None,
-                "residual": self.residual, "lossless": self.lossless}
+                "residual": None if self.rule == "coupled" else self.residual, "lossless": self.lossless}
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -219,6 +243,12 @@ class StepRecord:
     total_time_s: float = 0.0
 
 
+def _group_rule(config: GenerationConfig) -> str:
+    """The rule a group's rows that are not coupled follow: lossless rows (standard and coupled share a
+    group, :meth:`_Request.group`) follow the standard rule, lossy groups their own."""
+    return "overaccept" if config.lossless else config.rule
+
+
 class _Request:
     """Book-keeping of one request."""
 
@@ -241,6 +271,7 @@ class _Request:
                                   bias=StepStatistics.zero() if config.measure_bias else None)
         self.started_at = 0.0
         self.reads_hidden = drafter is not None and drafter.reads_target_hidden
+        self.coupled = config.rule == "coupled" and not self.sampling.greedy  # verified by the coupled rule
         self.pending_hidden: list[torch.Tensor] = []  # the target's hidden states not yet handed to the drafter
 
     @property
@@ -262,7 +293,8 @@ class _Request:
 
     @property
     def group(self) -> tuple:
-        """Rows verified together: one drafter, and lossless rows apart from each lossy (rule, residual)."""
+        """Rows verified together: one drafter, and lossless rows (standard and coupled: ``verify`` takes a
+        per-row mask) apart from each lossy (rule, residual)."""
         return self.drafter_name, (None if self.config.lossless else (self.config.rule, self.config.residual))
 
 
@@ -333,6 +365,7 @@ class SpeculativeEngine:
             raise ConfigError(f"bias is measured on chain drafts only; drafter {name!r} drafts trees of up to "
                               f"{drafter.max_candidates} candidates")
         self._check_prompt(prompt_ids)
+        config = config.resolved(drafter is not None and drafter.samples_drafts)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
         request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs,
                            self.draft_costs.get(name) if drafter is not None and not drafter.free else None, eos,
@@ -492,7 +525,8 @@ class SpeculativeEngine:
         hidden_of = {r.id: h for r, h in zip(joining, hidden)} if hidden is not None else {}
         for drafter, requests in _by_drafter(joining):
             drafter.start([RequestContext(r.id, list(r.prompt), r.sampling, r.random.draft_generator,
-                                          dict(r.config.drafter_options), hidden_of.get(r.id) if r.reads_hidden else None)
+                                          dict(r.config.drafter_options), hidden_of.get(r.id) if r.reads_hidden else None,
+                                          r.random if r.coupled else None)
                            for r in requests])
         for request in joining:
             request.started_at = started
@@ -633,7 +667,7 @@ class SpeculativeEngine:
         totals = chain_step_statistics(
             group.draft.tokens[:, 0], None if group.draft.probs is None else group.draft.probs[:, 0],
             group.verdict.target_probs, group.verdict.accepted_length, group.block.lengths[:, 0],
-            configs[0].rule, configs[0].residual, torch.tensor([c.epsilon for c in configs], dtype=torch.float64),
+            _group_rule(configs[0]), configs[0].residual, torch.tensor([c.epsilon for c in configs], dtype=torch.float64),
             torch.tensor([c.delta for c in configs], dtype=torch.float64))
         seconds = time.perf_counter() - started
         for i, request in enumerate(group.requests):
@@ -662,9 +696,17 @@ class SpeculativeEngine:
         config = requests[0].config  # a group shares its rule and residual (``_Request.group``)
         epsilon = torch.tensor([r.config.epsilon for r in requests], dtype=torch.float64)
         delta = torch.tensor([r.config.delta for r in requests], dtype=torch.float64)
+        coupled = torch.tensor([r.coupled for r in requests])
+        race = None
+        if bool(coupled.any()):  # the coupled rows' noise at each depth of the block
+            race = torch.zeros(len(requests), draft.width + 1, logits.shape[-1], dtype=torch.float64)
+            for i, request in enumerate(requests):
+                if request.coupled:
+                    race[i] = request.random.races(len(request.generated), draft.width + 1, logits.shape[-1])
         return verify(draft.tokens, block.lengths, logits, sampling, node_of=block.node_of, draft_probs=draft.probs, seen=seen,
                       epsilon=epsilon if bool(epsilon.any()) else 0.0, residual=config.residual,
-                      accept_uniforms=accept_uniforms, sample_uniforms=sample_uniforms, rule=config.rule, delta=delta)
+                      accept_uniforms=accept_uniforms, sample_uniforms=sample_uniforms, rule=_group_rule(config),
+                      delta=delta, coupled=coupled, race=race)
 
     def _commit(self, groups: list[_Group]) -> None:
         """Keep the accepted path of every row in the target's cache; drop the rest of the block."""

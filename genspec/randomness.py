@@ -16,19 +16,26 @@ position t and the draft at t (whether t was drafted, and what). With a drafter 
 masses (the model-free drafters, trained heads' trees) the coupling above makes it plain sampling's
 token whatever was drafted: a seeded request gives the same tokens under every draft-length policy
 and batch composition. A drafter that samples its drafts (``Drafter.samples_drafts``: a draft model,
-self-speculation, a head's chain) gets the standard rule's token, which depends on whether t was
+self-speculation, a head's chain) would get the standard rule's token, which depends on whether t was
 drafted, and no rule can remove that dependence and keep the standard rule's acceptance probability
 1 - TV(p, q): the token would then be a function of the target's law and shared randomness alone while
 the draft is one of the draft's law and shared randomness alone (it is drawn before the target runs),
 and every such "correlated sampling" scheme disagrees with probability about 2 TV / (1 + TV) > TV on
-some pairs of laws (Bavarian et al. 2016, "Optimality of correlated sampling strategies"). So with such
-a drafter a seed reproduces the tokens exactly when the draft lengths are reproducible: under the
-``fixed`` and ``heuristic`` policies, whose lengths follow the request's own history (alone or in any
-batch), not under ``cost``, whose lengths follow measured times and the batch. Such a drafter's own
-draws (``draft_generator``) are a sequential stream of the request: drawing them by position instead
-would not remove the dependence above, and a position's uniform reused after a rejection would carry
-what the discarded draft revealed (a confidence stop shortens the step, the cost policy reads the
-time) into the next draft at that position, so that the rule would no longer be exactly lossless.
+some pairs of laws (Bavarian et al. 2016, "Optimality of correlated sampling strategies"). So a seeded
+request with such a drafter uses the coupled rule (:func:`genspec.acceptance.coupled_tokens`; the engine
+picks it for ``GenerationConfig.rule`` "auto"): draft and target draw position t with the same noise
+(:meth:`RequestRandomness.race`, one vector per position, from (seed, sample, position) alone),
+the token at t is argmax(q_t / e_t) whatever was drafted, and the request is reproducible under
+every draft-length policy, alone or in any batch, for some acceptance (agreement of the two draws instead of
+1 - TV: 0.684 vs 0.722 on the embedded model with its int8 copy drafting, ``benchmarks/coupled_acceptance.py``).
+A request that asks for the standard rule by name (``rule="overaccept"``) keeps 1 - TV and reproduces
+only where its draft lengths do: under the ``fixed`` and ``heuristic`` policies (their lengths follow
+the request's own history), not under ``cost`` (measured times and the batch). Drafts drawn outside the
+coupling use a sequential stream of the request (``draft_generator``): drawing them by position would not
+remove the dependence above, and a position's uniform reused after a rejection would carry what the
+discarded draft revealed (a confidence stop shortens the step, the cost policy reads the time) into the
+next draft at that position, so that the standard rule would no longer be exactly lossless. The coupled
+rule has no such leak: its token at t is a function of e_t and the tokens before t alone.
 """
 from __future__ import annotations
 
@@ -40,7 +47,8 @@ _CHUNK = 64  # positions drawn at a time
 
 class RequestRandomness:
     """Per-position uniforms of one request: ``sample`` (the draw of the token at each position) and
-    ``accept`` (``num_candidates`` keep tests per position), plus a generator for its drafter."""
+    ``accept`` (``num_candidates`` keep tests per position); per-position noise for the coupled rule
+    (:meth:`race`); and a sequential generator for its drafter."""
 
     def __init__(self, seed: int | None, sample_index: int = 0, num_candidates: int = 1):
         entropy = None if seed is None else int(seed)
@@ -50,6 +58,9 @@ class RequestRandomness:
         self._accept = torch.Generator().manual_seed(accept_seed)
         self.draft_generator = torch.Generator().manual_seed(draft_seed)
         self.num_candidates = max(1, int(num_candidates))
+        self._noise_key = (sequence.entropy, int(sample_index))
+        self._race: dict[int, torch.Tensor] = {}  # position -> its noise, until the position is decided
+        self._decided = 0  # positions before it are decided (their noise is gone)
         self._start = 0  # position of the first buffered uniform
         self._sample_buffer = torch.empty(0, dtype=torch.float64)
         self._accept_buffer = torch.empty(0, self.num_candidates, dtype=torch.float64)
@@ -68,6 +79,31 @@ class RequestRandomness:
         at = position - self._start
         return self._sample_buffer[at:at + count], self._accept_buffer[at:at + count]
 
+    def race(self, position: int, vocab_size: int) -> torch.Tensor:
+        """The coupled rule's noise of output ``position``: ``[vocab_size]`` i.i.d. standard exponentials,
+        float64, a function of (seed, sample index, position) alone (a generator seeded per position), so
+        the draft and the verifier, whenever each runs, see the same vector. A shorter ``vocab_size`` gets
+        a prefix of a longer one (a drafter over a smaller vocabulary sees the target's noise of its tokens).
+        Exponentials, not Gumbels: argmax(log p + g) = argmax(p / e) with g = -log e, and NumPy's ziggurat
+        draws them without the two logs a Gumbel takes (262k float64 logs cost more than the draw itself).
+        One position of the embedded model's 262,144 tokens: 3.1 ms on the 2-core CPU, shared
+        (``python benchmarks/coupled_acceptance.py``): a coupled request pays it once per generated token."""
+        if position < self._decided:
+            raise ValueError(f"position {position} was released (positions before {self._decided} are decided)")
+        noise = self._race.get(position)
+        if noise is None or len(noise) < vocab_size:
+            entropy, sample_index = self._noise_key
+            generator = np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(sample_index, 1, int(position))))
+            noise = torch.from_numpy(generator.standard_exponential(vocab_size))
+            self._race[position] = noise
+        return noise[:vocab_size]
+
+    def races(self, position: int, count: int, vocab_size: int) -> torch.Tensor:
+        """``[count, vocab_size]``: the noise of positions ``position .. position + count - 1``."""
+        if not count:
+            return torch.empty(0, vocab_size, dtype=torch.float64)
+        return torch.stack([self.race(position + i, vocab_size) for i in range(count)])
+
     def advance(self, position: int) -> None:
         """Positions before ``position`` are decided: forget their uniforms."""
         drop = min(max(position - self._start, 0), len(self._sample_buffer))
@@ -75,3 +111,6 @@ class RequestRandomness:
             self._sample_buffer = self._sample_buffer[drop:]
             self._accept_buffer = self._accept_buffer[drop:]
             self._start += drop
+        self._decided = max(self._decided, position)
+        for decided in [p for p in self._race if p < position]:
+            del self._race[decided]

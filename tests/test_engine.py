@@ -81,7 +81,8 @@ def _lossless_check(drafter, sampling: SamplingConfig, num_samples: int, length:
     engine = SpeculativeEngine(HFCausalLM(target_model), drafter)
     results = engine.generate_ids([prompt] * num_samples, max_new_tokens=length, num_draft_tokens=k,
                                   temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                  seed=seed, eos_token_ids=(), draft_length="fixed")
+                                  seed=seed, eos_token_ids=(), draft_length="fixed",
+                                  rule="overaccept")  # by name: "auto" couples a seeded sampling drafter
     vocab = 12
     counts = torch.zeros([vocab] * length)
     for r in results:

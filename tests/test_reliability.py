@@ -6,6 +6,7 @@ code (tests/tiny_models.py) stand in for the real one; CLI tests run ``genspec.c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -206,7 +207,7 @@ def _in_a_batch(engine: SpeculativeEngine, config: GenerationConfig) -> list[int
     return tokens
 
 
-def _head_tree(target):
+def _head_tree(target, tree_nodes: int = 6):
     from genspec.drafters.head import HeadDrafter
     from genspec.models.draft_head import DraftHead, HeadConfig
 
@@ -214,7 +215,18 @@ def _head_tree(target):
     head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
     for parameter in head.parameters():
         torch.nn.init.normal_(parameter, std=0.3)
-    return HeadDrafter(target, head.to(torch.float64), list(range(3, 64)), tree_nodes=6)
+    return HeadDrafter(target, head.to(torch.float64), list(range(3, 64)), tree_nodes=tree_nodes)
+
+
+def _medusa_chain(target):
+    from genspec.drafters.medusa import MedusaDrafter
+    from genspec.models.draft_head import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    heads = MedusaHeads(MedusaConfig(64, 3))
+    for parameter in heads.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+    return MedusaDrafter(target, heads.to(torch.float64), list(range(3, 64)))
 
 
 POINT_MASS_DRAFTERS = {
@@ -249,42 +261,81 @@ SAMPLING_DRAFTERS = {
     "early-exit": lambda target: genspec.build_drafter("early-exit", target, exit_layer=1),
     "early-exit-confident": lambda target: genspec.build_drafter("early-exit", target, exit_layer=1,
                                                                  confidence_threshold=0.3),
+    "head-chain": lambda target: _head_tree(target, tree_nodes=0),
+    "medusa-chain": _medusa_chain,
 }
 
 
 @pytest.mark.parametrize("name", list(SAMPLING_DRAFTERS))
-def test_seeded_sampling_with_sampled_drafts_reproduces_under_fixed_and_heuristic(sharp_target, name):
-    """A drafter that samples its drafts makes the tokens depend on where drafts stop (no rule can avoid
-    that and keep the standard acceptance rate: see genspec.randomness), so what holds is: under the
-    fixed and heuristic policies a seeded request gives the same tokens on every run, alone or joining
-    a batch of requests with other settings."""
-    for policy, k in POLICIES[:3]:
-        runs = []
-        for _ in range(2):
-            drafter = SAMPLING_DRAFTERS[name](sharp_target)
-            assert drafter.samples_drafts
-            runs.append(SpeculativeEngine(sharp_target, drafter).generate_ids([SEEDED_PROMPT], _seeded(policy, k))[0])
-        assert runs[0].token_ids == runs[1].token_ids, (policy, k)
-        assert 0 < runs[0].stats.accepted_tokens < runs[0].stats.drafted_tokens  # drafts kept and rejected
+def test_seeded_sampling_with_sampled_drafts_is_the_same_under_every_policy_and_batch(sharp_target, name):
+    """A seeded request whose drafter samples its drafts is verified by the coupled rule (rule "auto"):
+    its tokens are plain coupled sampling's (no drafter, the same seed) under fixed k = 2, fixed k = 5,
+    heuristic and cost draft lengths, alone and joining a batch of requests with other settings, while
+    drafts are both kept and rejected (the issue's ``--seed`` command with a sampling drafter). Under the
+    standard rule (``rule="overaccept"``) the draft model's four policies gave four different outputs."""
+    plain = SpeculativeEngine(sharp_target).generate_ids([SEEDED_PROMPT], replace(_seeded("fixed", 1), rule="coupled"))[0]
+    assert plain.stats.acceptance["rule"] == "coupled"
+    accepted = drafted = 0
+    for policy, k in POLICIES:
+        drafter = SAMPLING_DRAFTERS[name](sharp_target)
+        assert drafter.samples_drafts
+        alone = SpeculativeEngine(sharp_target, drafter).generate_ids([SEEDED_PROMPT], _seeded(policy, k))[0]
+        assert alone.stats.acceptance == {"rule": "coupled", "epsilon": 0.0, "delta": None, "residual": None,
+                                          "lossless": True}
+        assert alone.token_ids == plain.token_ids, (policy, k)
+        accepted += alone.stats.accepted_tokens
+        drafted += alone.stats.drafted_tokens
         batch = _in_a_batch(SpeculativeEngine(sharp_target, SAMPLING_DRAFTERS[name](sharp_target)), _seeded(policy, k))
+        assert batch == plain.token_ids, (policy, k, "batch")
+    assert 0 < accepted < drafted  # drafts were kept and rejected (the cost policy may draft nothing)
+
+
+def test_the_standard_rule_by_name_reproduces_sampled_drafts_under_fixed_and_heuristic(sharp_target):
+    """``rule="overaccept"`` keeps the standard rule for a seeded sampling drafter (no coupling: its
+    acceptance is 1 - TV): its tokens then depend on where drafts stop, so what holds is reproduction under
+    the fixed and heuristic policies, alone or in a batch; and they differ from the coupled rule's."""
+    coupled = SpeculativeEngine(sharp_target, SAMPLING_DRAFTERS["draft-model"](sharp_target)).generate_ids(
+        [SEEDED_PROMPT], _seeded("fixed", 2))[0].token_ids
+    for policy, k in POLICIES[:3]:
+        config = replace(_seeded(policy, k), rule="overaccept")
+        runs = [SpeculativeEngine(sharp_target, SAMPLING_DRAFTERS["draft-model"](sharp_target)).generate_ids(
+            [SEEDED_PROMPT], config)[0] for _ in range(2)]
+        assert runs[0].stats.acceptance["rule"] == "overaccept"
+        assert runs[0].token_ids == runs[1].token_ids, (policy, k)
+        assert runs[0].token_ids != coupled
+        batch = _in_a_batch(SpeculativeEngine(sharp_target, SAMPLING_DRAFTERS["draft-model"](sharp_target)), config)
         assert batch == runs[0].token_ids, (policy, k, "batch")
 
 
-def test_seed_with_a_sampling_drafter_under_cost_warns(capsys, tiny_model_dirs):
-    """``--seed`` with a drafter that samples its drafts under the cost policy (whose draft lengths follow
-    measured times) says on stderr that the samples are not reproducible and what is; point-mass
-    drafters, greedy runs and the fixed policy get no warning."""
+def test_seed_with_a_sampling_drafter_under_cost_warns_only_for_the_standard_rule_by_name(capsys, tiny_model_dirs):
+    """``--seed`` with a drafter that samples its drafts under the cost policy is reproducible by default
+    (``--rule auto`` couples it): no warning. ``--rule overaccept`` asks for the uncoupled standard rule,
+    whose samples then follow measured times: stderr says so and what is reproducible."""
     target, draft = tiny_model_dirs
     base = ["generate", "--model", str(target), "--prompt", "abcabc", "--max-new-tokens", "6", "--seed", "1"]
-    sampled = base + ["--temperature", "0.8"]
-    for argv, warned in ((sampled + ["--drafter", "draft-model", "--draft-model", str(draft)], True),
-                         (sampled + ["--drafter", "draft-model", "--draft-model", str(draft), "--draft-length",
-                                     "fixed"], False),
-                         (base + ["--drafter", "draft-model", "--draft-model", str(draft)], False),
-                         (sampled, False)):
+    sampled = base + ["--temperature", "0.8", "--drafter", "draft-model", "--draft-model", str(draft)]
+    for argv, warned in ((sampled, False), (sampled + ["--rule", "overaccept"], True),
+                         (sampled + ["--rule", "overaccept", "--draft-length", "fixed"], False),
+                         (base + ["--drafter", "draft-model", "--draft-model", str(draft), "--rule", "overaccept"], False)):
         assert main(argv) == 0
         err = capsys.readouterr().err
-        assert ("genspec: warning:" in err and "fixed or heuristic" in err) == warned, argv
+        assert ("genspec: warning:" in err and "--rule auto" in err) == warned, argv
+
+
+def test_generate_with_a_seed_and_a_sampling_drafter_prints_the_same_samples_twice(capsys, tiny_model_dirs):
+    """The issue's command shape: ``generate --num-samples 4 --temperature 0.8 --seed 1 --json`` with a
+    draft model under the default (cost) policy prints the same four samples on two runs, and they differ
+    from each other (each sample its own stream)."""
+    target, draft = tiny_model_dirs
+    argv = ["generate", "--model", str(target), "--prompt", "Once upon a time", "--num-samples", "4",
+            "--temperature", "0.8", "--seed", "1", "--max-new-tokens", "24", "--json", "--drafter", "draft-model",
+            "--draft-model", str(draft)]
+    outputs = []
+    for _ in range(2):
+        assert main(argv) == 0
+        outputs.append([s["token_ids"] for s in json.loads(capsys.readouterr().out)["samples"]])
+    assert outputs[0] == outputs[1]
+    assert len({tuple(s) for s in outputs[0]}) > 1
 
 
 # ------------------------------------------------------------------ 5. empty calibration corpus

@@ -7,10 +7,12 @@ one that generates text. Convention: ``draft_probs`` = speculator (p in the theo
 """
 from genspec.acceptance.rules import (  # noqa: F401
     RESIDUALS,
+    BIAS_RULES,
     RULES,
     ChainVerdict,
     MultiDraftVerdict,
     acceptance_probability,
+    coupled_tokens,
     check_rule,
     is_lossless,
     keep_probabilities,

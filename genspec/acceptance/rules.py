@@ -13,8 +13,17 @@ Rules (theory.md; p = draft, q = target):
   exp(-H(q))), H the target's entropy; resample from Theorem 4's optimum norm([q - b p]+) ("opt") or
   from q ("uno", what Medusa does). Its b can fall below min{1, q/p}, so it is not in the relaxed family.
 
-Only over-acceptance at eps = 0 with the OPT residual is lossless (:func:`is_lossless`): UNO at eps = 0
-keeps min{1, q/p} but resamples from q, which is biased (theory.md, Decoding-UNO).
+- coupled (lossless, rule "coupled"): draft and target draw with the same noise of the position (i.i.d.
+  exponentials e, i.e. Gumbel-max), y = argmax(p / e) and x = argmax(q / e) (:func:`coupled_tokens`); keep
+  y iff y == x, else emit x. The emitted token is x whatever was drafted, an exact draw from q, so a seeded request's
+  tokens depend on its noise alone, not on where its drafts stop (:mod:`genspec.randomness`). The price:
+  P(keep) = P(argmax agree) >= (1 - TV) / (1 + TV) instead of 1 - TV. On Gemma 3 270M's own laws (263
+  positions of 6 Spec-Bench prompts, T = 1) it kept 0.684 against 1 - TV = 0.722 for the int8 copy as the
+  draft, 0.236 against 0.248 for its first 12 layers (`python benchmarks/coupled_acceptance.py`); the
+  inverse-CDF coupling with one uniform kept only 0.559 and 0.187 (vocabulary order scatters the mass).
+
+Over-acceptance at eps = 0 with the OPT residual and the coupled rule are lossless (:func:`is_lossless`):
+UNO at eps = 0 keeps min{1, q/p} but resamples from q, which is biased (theory.md, Decoding-UNO).
 - greedy: keep draft tokens while they equal the target's argmax.
 - multi-draft (Algorithm 4's recursive residual verifier): try M candidates in turn against a
   residual that shrinks after every rejection; the output is still exactly q.
@@ -41,7 +50,8 @@ import torch
 from genspec.errors import ConfigError
 
 RESIDUALS = ("opt", "uno")
-RULES = ("overaccept", "typical")
+RULES = ("overaccept", "typical", "coupled")
+BIAS_RULES = ("overaccept", "typical")  # the rules whose bias and rejection have closed forms (theory.pareto)
 
 
 @dataclass
@@ -82,8 +92,11 @@ def acceptance_probability(target_prob_of_draft: torch.Tensor, draft_prob_of_dra
 
 
 def is_lossless(rule: str = "overaccept", epsilon=0.0, residual: str = "opt") -> bool:
-    """True only for the standard rule: over-acceptance with eps = 0 (every row, if a tensor) and the
-    OPT residual. Every other setting (UNO at eps = 0 included) changes the output law."""
+    """True only for the standard rule (over-acceptance with eps = 0, every row if a tensor, and the
+    OPT residual) and the coupled rule (which has no eps or residual). Every other setting (UNO at
+    eps = 0 included) changes the output law."""
+    if rule == "coupled":
+        return True
     return rule == "overaccept" and residual == "opt" and _is_zero(epsilon)
 
 
@@ -96,6 +109,8 @@ def check_rule(rule: str, residual: str, epsilon=0.0, delta=0.0) -> None:
     for name, value in (("epsilon", epsilon), ("delta", delta)):
         if not bool((torch.as_tensor(value) >= 0).all()):
             raise ConfigError(f"{name} must be >= 0, got {value}")
+    if rule == "coupled" and not _is_zero(epsilon):
+        raise ConfigError(f"the coupled rule is lossless and takes no epsilon, got {epsilon}")
 
 
 def typical_threshold(target_probs: torch.Tensor, epsilon=0.09, delta=0.3) -> torch.Tensor:
@@ -176,6 +191,17 @@ def sample_with_uniforms(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.T
     index = torch.searchsorted(cumulative.contiguous(), scaled.contiguous(), right=True).squeeze(-1)
     last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(-1)
     return torch.minimum(index, last_positive)
+
+
+def coupled_tokens(probs: torch.Tensor, race: torch.Tensor) -> torch.Tensor:
+    """The coupled rule's draw: argmax(probs / race) over the last axis, ``[..., V] -> [...]``.
+
+    With ``race`` i.i.d. standard exponentials (:meth:`genspec.randomness.RequestRandomness.race`) this is
+    an exact draw from ``probs`` (the exponential race, i.e. Gumbel-max: argmax(log p + g) with g = -log e);
+    a token of probability 0 is never drawn. Draft and target call it with the same noise of a position:
+    that is the whole coupling."""
+    scores = torch.where(probs > 0, probs.to(race.dtype) / race, torch.zeros_like(race))
+    return scores.argmax(-1)
 
 
 def _uniforms(shape, like: torch.Tensor, given: torch.Tensor | None, generator: torch.Generator | None):

@@ -14,6 +14,7 @@ import torch
 
 from genspec.acceptance.rules import (
     _uniforms,
+    coupled_tokens,
     is_lossless,
     sample_with_uniforms,
     verify_chain,
@@ -119,7 +120,8 @@ def verify(chains: torch.Tensor, lengths: torch.Tensor, target_logits: torch.Ten
            draft_probs: torch.Tensor | None = None, seen: torch.Tensor | None = None, epsilon=0.0,
            residual: str = "opt", accept_uniforms: torch.Tensor | None = None,
            sample_uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None,
-           rule: str = "overaccept", delta=0.0) -> Verdict:
+           rule: str = "overaccept", delta=0.0, coupled: torch.Tensor | None = None,
+           race: torch.Tensor | None = None) -> Verdict:
     """Verify a draft block against the target's raw logits ``[B, N, V]`` at its nodes.
 
     ``node_of`` None means a chain block (M = 1, ``[last, d_1 .. d_k]``, N = k + 1), verified with the
@@ -127,6 +129,9 @@ def verify(chains: torch.Tensor, lengths: torch.Tensor, target_logits: torch.Ten
     :func:`genspec.sampling.process_logits` (``seen`` ``[B, N, V]``: the repetition-penalty mask of each
     node); if every row is greedy only the argmax is needed and no law is built. Greedy rows in a
     sampled batch get the one-hot law of their argmax, under which the standard rule is token match.
+    ``coupled`` ``[B]`` (bool) marks the rows verified by the coupled rule instead, with ``race``
+    ``[B, k + 1, V]`` their noise at each depth (the target's token at a node of depth d is
+    :func:`~genspec.acceptance.coupled_tokens` of its law and ``race[:, d]``; then token match).
     ``rule``, ``epsilon``, ``delta``, ``residual``: the acceptance rule of the sampled rows
     (:func:`genspec.acceptance.verify_chain`); greedy rows always match tokens, so lossy rules are for
     sampled rows only (``GenerationConfig`` refuses them at temperature 0).
@@ -142,6 +147,14 @@ def verify(chains: torch.Tensor, lengths: torch.Tensor, target_logits: torch.Ten
             return Verdict.of_chain(verify_greedy(chains[:, 0], argmax, lengths[:, 0]), k)
         return verify_tree(chains, lengths, node_of, target_argmax=argmax)
     target_probs = process_logits(target_logits, rows, seen)
+    coupled = None if coupled is None or not bool(coupled.any()) else coupled.to(target_probs.device)
+    if coupled is not None:
+        depth = node_depths(node_of, lengths, target_probs.shape[1])  # [B, N]
+        noise = race.to(target_probs.device).gather(1, depth.unsqueeze(-1).expand(-1, -1, race.shape[-1]))
+        matched = _token_match(chains, lengths, node_of, coupled_tokens(target_probs, noise), k)
+        if bool(coupled.all()):
+            matched.target_probs = target_probs
+            return matched
     if node_of is None:
         verdict = verify_chain(chains[:, 0], target_probs, None if draft_probs is None else draft_probs[:, 0],
                                lengths[:, 0], epsilon, residual, generator,
@@ -152,5 +165,30 @@ def verify(chains: torch.Tensor, lengths: torch.Tensor, target_logits: torch.Ten
         verdict = verify_tree(chains, lengths, node_of, target_probs=target_probs, draft_probs=draft_probs,
                               epsilon=epsilon, residual=residual, accept_uniforms=accept_uniforms,
                               sample_uniforms=sample_uniforms, generator=generator, rule=rule, delta=delta)
+    if coupled is not None:
+        verdict = Verdict(torch.where(coupled.unsqueeze(1), matched.path, verdict.path),
+                          torch.where(coupled, matched.accepted_length, verdict.accepted_length),
+                          torch.where(coupled, matched.next_token, verdict.next_token))
     verdict.target_probs = target_probs
     return verdict
+
+
+def _token_match(chains: torch.Tensor, lengths: torch.Tensor, node_of: torch.Tensor | None,
+                 target_tokens: torch.Tensor, k: int) -> Verdict:
+    """Keep draft tokens while they equal ``target_tokens`` ``[B, N]`` (the target's token at each node)."""
+    if node_of is None:
+        return Verdict.of_chain(verify_greedy(chains[:, 0], target_tokens, lengths[:, 0]), k)
+    return verify_tree(chains, lengths, node_of, target_argmax=target_tokens)
+
+
+def node_depths(node_of: torch.Tensor | None, lengths: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """``[B, N]``: each block node's depth (node 0, the last committed token: 0; a chain's token at index
+    d: d + 1). ``node_of`` None: a chain block, node n at depth n. Nodes past every chain: 0."""
+    batch = lengths.shape[0]
+    if node_of is None:
+        return torch.arange(num_nodes, device=lengths.device).expand(batch, -1)
+    depth = torch.zeros(batch, num_nodes, dtype=torch.long, device=lengths.device)
+    steps = torch.arange(1, node_of.shape[2] + 1, device=lengths.device).expand_as(node_of)
+    real = steps <= lengths.unsqueeze(-1)
+    depth.scatter_(1, torch.where(real, node_of, 0).flatten(1), torch.where(real, steps, 0).flatten(1))
+    return depth

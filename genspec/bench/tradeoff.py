@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from genspec.acceptance import RESIDUALS, RULES, check_rule
+from genspec.acceptance import BIAS_RULES, RESIDUALS, check_rule
 from genspec.bench.prompts import BenchPrompt, load_spec_bench
 from genspec.bench.winrate import Response, Scorer, win_rate
 from genspec.engine import GenerationConfig, RequestResult, SpeculativeEngine
@@ -71,8 +71,8 @@ def settings_grid(rules, epsilons, residuals, deltas, typical_epsilons=None) -> 
     if not rules or not epsilons or not residuals:
         raise ConfigError("give at least one rule, one eps and one residual")
     for rule in rules:
-        if rule not in RULES:
-            raise ConfigError(f"unknown rule {rule!r}; choose from {', '.join(RULES)}")
+        if rule not in BIAS_RULES:
+            raise ConfigError(f"unknown rule {rule!r}; choose from {', '.join(BIAS_RULES)}")
     for residual in residuals:
         if residual not in RESIDUALS:
             raise ConfigError(f"unknown residual {residual!r}; choose from {', '.join(RESIDUALS)}")

@@ -27,10 +27,13 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
-    parser.add_argument("--rule", default="overaccept", choices=["overaccept", "typical"],
-                        help="acceptance rule: overaccept b=min(1,(q+eps)/p) (default; lossless only with "
-                             "--epsilon 0 --residual opt) or typical (Medusa: keep y iff q(y) > min(eps, "
-                             "delta*exp(-H(q))); LOSSY)")
+    parser.add_argument("--rule", default="auto", choices=["auto", "overaccept", "typical", "coupled"],
+                        help="acceptance rule: overaccept b=min(1,(q+eps)/p) (lossless only with --epsilon 0 "
+                             "--residual opt: the standard rule), typical (Medusa: keep y iff q(y) > min(eps, "
+                             "delta*exp(-H(q))); LOSSY), coupled (lossless; draft and target share each "
+                             "position's noise, so a --seed reproduces under every --draft-length, for a lower "
+                             "acceptance) or auto (default: coupled for a seeded sampled request whose drafter "
+                             "samples its drafts, else overaccept)")
     parser.add_argument("--epsilon", type=float, default=0.0,
                         help="over-acceptance (LOSSY if > 0; default 0) or typical acceptance's cap (Medusa: 0.09)")
     parser.add_argument("--delta", type=float, default=0.3, help="typical acceptance's entropy factor (default 0.3)")
@@ -156,10 +159,12 @@ def run_generate(args) -> int:
     engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype, **options)
     check_prompt_fits(engine, prompt, args.max_new_tokens)
     if engine.drafter is not None and engine.drafter.samples_drafts and args.seed is not None \
-            and args.temperature > 0 and args.draft_length == "cost":
-        print(f"genspec: warning: drafter {args.drafter!r} samples its drafts, so the seeded output depends on the "
-              "draft lengths, which --draft-length cost takes from measured times: use fixed or heuristic for "
-              "reproducible samples", file=sys.stderr)
+            and args.temperature > 0 and args.draft_length == "cost" \
+            and config.resolved(engine.drafter.samples_drafts).rule != "coupled":
+        print(f"genspec: warning: drafter {args.drafter!r} samples its drafts and --rule {args.rule} is not coupled, "
+              "so the seeded output depends on the draft lengths, which --draft-length cost takes from measured "
+              "times: use --rule auto (lossless) or --draft-length fixed/heuristic for reproducible samples",
+              file=sys.stderr)
     if args.stream:
         for chunk in engine.stream(prompt, config):
             print(chunk, end="", flush=True)

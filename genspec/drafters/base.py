@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from genspec.acceptance import coupled_tokens, sample_with_uniforms
 from genspec.models.base import CausalLM, PrefixKV
+from genspec.randomness import RequestRandomness
 from genspec.sampling import SamplingConfig
 
 
@@ -27,7 +29,10 @@ class RequestContext:
     whatever else is in the batch); ``options`` are per-request drafter options, among the drafter's
     :attr:`Drafter.request_options`. ``hidden``: for a drafter that :attr:`~Drafter.reads_target_hidden`,
     the target's hidden states (its LM head's inputs) of every prompt token but the last,
-    ``[len(prompt) - 1, H]``; None for the others.
+    ``[len(prompt) - 1, H]``; None for the others. ``noise``: for a request verified by the coupled rule,
+    its per-position noise; a drafter that samples draws its token at output position t (``len(sequence)
+    - len(prompt)``) from it (:func:`draw_tokens` does), so that draft and target are coupled. None for
+    the others.
     """
 
     request_id: int
@@ -36,6 +41,7 @@ class RequestContext:
     generator: torch.Generator | None = None
     options: Mapping[str, object] = field(default_factory=dict)
     hidden: torch.Tensor | None = None
+    noise: RequestRandomness | None = None
 
 
 @dataclass(frozen=True)
@@ -222,9 +228,10 @@ class Drafter(ABC):
     #: for them and hands them over in :attr:`RequestContext.hidden` and :attr:`DraftRequest.hidden`
     reads_target_hidden: bool = False
     #: for a sampled request the drafter draws its drafts from a law it hands to the verifier (a draft model,
-    #: a head's chain). A seeded request's tokens then depend on where its drafts stop, so they reproduce only
-    #: under a draft-length policy that does not read the clock (see :mod:`genspec.randomness`). False: its
-    #: drafts are point masses (lookups, trees), verified so that the tokens are plain sampling's.
+    #: a head's chain), with :func:`draw_tokens`. Under the standard rule a seeded request's tokens then
+    #: depend on where its drafts stop, so the engine verifies seeded requests of such a drafter with the
+    #: coupled rule (see :mod:`genspec.randomness`). False: its drafts are point masses (lookups, trees),
+    #: verified so that the tokens are plain sampling's.
     samples_drafts: bool = False
 
     @classmethod
@@ -259,3 +266,19 @@ def request_uniforms(contexts: list[RequestContext], count: int, drawing: list[b
         if drawing[row] and not context.sampling.greedy:
             out[row] = torch.rand(count, generator=context.generator, dtype=torch.float64)
     return out
+
+
+def draw_tokens(laws: torch.Tensor, contexts: list[RequestContext], positions: list[int],
+                drawing: list[bool]) -> torch.Tensor:
+    """One draft token per row ``[R]`` from its law ``laws`` ``[R, V]``: greedy rows take the argmax; rows
+    coupled to their verifier (``context.noise``) the coupled draw with their noise of output position
+    ``positions[r]``; other sampled rows an inverse-CDF draw from their request's draft stream (only rows
+    that are ``drawing`` consume any)."""
+    coupled = [on and c.noise is not None and not c.sampling.greedy for on, c in zip(drawing, contexts)]
+    uniforms = request_uniforms(contexts, 1, [on and not c for on, c in zip(drawing, coupled)])[:, 0]
+    greedy = torch.tensor([c.sampling.greedy for c in contexts], device=laws.device)
+    tokens = torch.where(greedy, laws.argmax(-1), sample_with_uniforms(laws, uniforms.to(laws.device)))
+    for row, context in enumerate(contexts):
+        if coupled[row]:
+            tokens[row] = coupled_tokens(laws[row], context.noise.race(positions[row], laws.shape[-1]).to(laws.device))
+    return tokens

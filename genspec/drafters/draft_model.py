@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from genspec.acceptance import sample_with_uniforms, verify
-from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext, request_uniforms
+from genspec.acceptance import verify
+from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext, draw_tokens, request_uniforms
 from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM, PrefixKV
@@ -125,14 +125,26 @@ class DraftModelDrafter(Drafter):
         return out
 
     def _choose(self, logits: torch.Tensor, seen: torch.Tensor | None, contexts: list[RequestContext],
-                drawing: list[bool]):
-        """A token per row from logits ``[R, V]``, the law it was drawn from, and whether it is confident."""
-        sampling = [c.sampling for c in contexts]
-        probs = process_logits(logits, sampling, seen)
-        greedy = torch.tensor([s.greedy for s in sampling])
-        uniforms = request_uniforms(contexts, 1, drawing)[:, 0]
-        tokens = torch.where(greedy, probs.argmax(-1), sample_with_uniforms(probs, uniforms))
+                drawing: list[bool], positions: list[int]):
+        """A token per row from logits ``[R, V]`` (for output ``positions``), the law it was drawn from,
+        and whether it is confident."""
+        probs = process_logits(logits, [c.sampling for c in contexts], seen)
+        tokens = draw_tokens(probs, contexts, positions, drawing)
         return tokens, probs, self._confident(logits, seen, tokens, probs, contexts)
+
+    @staticmethod
+    def _coupling(contexts: list[RequestContext], current: list[list[int]], drawing: list[bool], width: int,
+                  vocab_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """For a level's own verification of its inner drafts: which rows are coupled ``[R]`` and their
+        noise ``[R, width + 1, V]`` from output position ``len(current[r]) - len(prompt)`` on (None if none)."""
+        coupled = torch.tensor([on and c.noise is not None and not c.sampling.greedy
+                                for on, c in zip(drawing, contexts)])
+        if not bool(coupled.any()):
+            return coupled, None
+        race = torch.zeros(len(contexts), width + 1, vocab_size, dtype=torch.float64)
+        for r in coupled.nonzero().flatten().tolist():
+            race[r] = contexts[r].noise.races(len(current[r]) - len(contexts[r].prompt), width + 1, vocab_size)
+        return coupled, race
 
     def _confident(self, logits, seen, tokens, probs, contexts) -> list[bool]:
         """Per row: is the drawn token's probability at least ``confidence_threshold``? (Greedy laws are
@@ -167,7 +179,8 @@ class DraftModelDrafter(Drafter):
         logits = self._sync(sequences, [n > 0 for n in need])
         drawing = [n > 0 for n in need]
         pending, pending_law, confident = self._choose(logits, self._seen(contexts, current, logits.shape[-1]),
-                                                       contexts, drawing)
+                                                       contexts, drawing,
+                                                       [len(c) - len(ctx.prompt) for c, ctx in zip(current, contexts)])
         running = [on and ok for on, ok in zip(drawing, confident)]
         rows = torch.arange(batch)
         while True:
@@ -189,10 +202,13 @@ class DraftModelDrafter(Drafter):
             block_logits = self.model.forward(block, valid)
             seen = self._seen(contexts, current, block_logits.shape[-1], block)
             width = block.shape[1] - 1
+            coupled, race = self._coupling(contexts, current, drawing, width, block_logits.shape[-1])
+            standard = [on and not c for on, c in zip(drawing, coupled.tolist())]
             verdict = verify(block[:, 1:].unsqueeze(1), valid[:, 1:].sum(1, keepdim=True), block_logits, sampling,
                              draft_probs=None if inner.probs is None else inner.probs[:, :, :width], seen=seen,
-                             accept_uniforms=request_uniforms(contexts, width, drawing).unsqueeze(-1),
-                             sample_uniforms=request_uniforms(contexts, width + 1, drawing))
+                             accept_uniforms=request_uniforms(contexts, width, standard).unsqueeze(-1),
+                             sample_uniforms=request_uniforms(contexts, width + 1, standard),
+                             coupled=coupled, race=race)
             accepted = verdict.accepted_length
             self.model.keep_block(torch.where(valid[:, :1], verdict.path, torch.full_like(verdict.path, -1)))
             laws = None if greedy else process_logits(block_logits, sampling, seen)  # [R, n, V]

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import torch
 
-from genspec.acceptance import sample_with_uniforms
-from genspec.drafters.base import Draft, RequestContext, request_uniforms
+from genspec.drafters.base import Draft, RequestContext, draw_tokens
 from genspec.errors import ConfigError
 from genspec.sampling import process_logits, seen_mask
 
@@ -16,8 +15,8 @@ def draw(subset_logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, cont
          previous: list[list[int]], drawing: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor]:
     """One draft token per row from logits ``[R, S]`` over the vocabulary ``vocab`` (token ids): the
     argmax for a greedy batch without penalties (no law needed); otherwise the full-vocabulary law after
-    the request's own processing (one ``process_logits``, as the target's), sampled with the request's
-    uniforms, and returned so the verifier can apply the standard rule. ``previous``: each row's tokens
+    the request's own processing (one ``process_logits``, as the target's), drawn with :func:`draw_tokens`
+    and returned so the verifier can apply its rule. ``previous``: each row's tokens
     so far (for the repetition penalty); ``drawing``: which rows draw (their random streams advance)."""
     sampling = [c.sampling for c in contexts]
     penalised = any(s.repetition_penalty != 1.0 for s in sampling)
@@ -26,9 +25,8 @@ def draw(subset_logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, cont
     logits = subset_logits.new_full((len(contexts), vocab_size), -torch.inf)
     logits[:, vocab] = subset_logits
     law = process_logits(logits, sampling, seen_mask(previous, vocab_size) if penalised else None)
-    greedy = torch.tensor([s.greedy for s in sampling])
-    uniforms = request_uniforms(contexts, 1, drawing)[:, 0]
-    return law, torch.where(greedy, law.argmax(-1), sample_with_uniforms(law, uniforms))
+    positions = [len(seq) - len(c.prompt) for seq, c in zip(previous, contexts)]
+    return law, draw_tokens(law, contexts, positions, drawing)
 
 
 def chains_draft(chains: list[list[int]], laws: list[list[torch.Tensor]], vocab_size: int) -> Draft:

@@ -31,7 +31,8 @@ class APIError(Exception):
 class SpeculativeOptions(BaseModel):
     """Per-request speculation (genspec's extension): which drafter, how many tokens, which
     draft-length policy, or ``enabled: false`` for plain decoding; and the acceptance rule (default the
-    lossless standard rule; ``epsilon`` > 0, ``residual`` "uno" or ``rule`` "typical" are lossy, opt-in,
+    lossless standard rule, or the lossless coupled rule for a seeded request whose drafter samples its
+    drafts (``rule`` "auto"); ``epsilon`` > 0, ``residual`` "uno" or ``rule`` "typical" are lossy, opt-in,
     and reported in the response's metrics with ``lossless: false``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -40,7 +41,7 @@ class SpeculativeOptions(BaseModel):
     drafter: str | None = None
     num_draft_tokens: int | None = Field(None, ge=1, le=64)
     draft_length: Literal["fixed", "heuristic", "cost"] | None = None
-    rule: Literal["overaccept", "typical"] | None = None
+    rule: Literal["auto", "overaccept", "typical", "coupled"] | None = None
     epsilon: float | None = Field(None, ge=0.0, le=1.0)
     delta: float | None = Field(None, ge=0.0)
     residual: Literal["opt", "uno"] | None = None
