@@ -262,6 +262,8 @@ def _one_line_error(capsys, argv, message):
     (["--k-sweep", "2,x"], "--k-sweep must be a comma-separated list of integers"),
     (["--k-sweep", "2", "--methods", "hf-prompt-lookup"], "--k-sweep needs a genspec method"),
     (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
     (["--threads", "0"], "--threads must be >= 1"),
     (["--draft-model", "/no/such/draft"], "no draft model at /no/such/draft"),
     (["--report-from", "/no/results.json"], "results file not found"),
@@ -424,3 +426,26 @@ def test_repeated_traffic_bench_learns_across_requests(tmp_path):
     assert again["token_ids"] == first["token_ids"]
     assert again["stats"]["accepted_tokens"] > first["stats"]["accepted_tokens"] + 8
     assert again["stats"]["accepted_tokens"] > runs[("prompt-lookup", 3)]["stats"]["accepted_tokens"]
+
+
+def test_sampled_bench_with_top_p_applies_it_to_every_method_and_records_it(tmp_path, tiny_model_dirs):
+    """``--temperature 0.7 --top-p 0.9``: genspec's methods and the HF baselines sample with the same
+    nucleus (HF's generate() gets top_p 0.9); results and report say so and the command line replays it."""
+    from genspec.bench.hf_baselines import HFDecoder
+    from genspec.sampling import SamplingConfig
+
+    decoder = HFDecoder.__new__(HFDecoder)  # generate_kwargs reads only these three fields
+    decoder.kwargs, decoder.eos_token_ids, decoder.pad_token_id = {}, [1], 0
+    sampled = decoder.generate_kwargs(8, SamplingConfig(temperature=0.7, top_p=0.9))
+    assert (sampled["do_sample"], sampled["temperature"], sampled["top_p"], sampled["top_k"]) == (True, 0.7, 0.9, 0)
+    assert decoder.generate_kwargs(8, SamplingConfig())["do_sample"] is False
+    target, _ = tiny_model_dirs
+    out = tmp_path / "out"
+    assert main(["bench", "--model", str(target), "--categories", "qa", "--num-prompts", "1", "--max-new-tokens",
+                 "4", "--repeats", "1", "--temperature", "0.7", "--top-p", "0.9", "--methods",
+                 "prompt-lookup,hf-prompt-lookup", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["top_p"] == 0.9 and "--top-p 0.9" in results["command"]
+    assert "top-p 0.9" in (out / "report.md").read_text()
+    assert all(r["error"] is None for r in results["runs"])
+

@@ -23,6 +23,7 @@ import torch
 
 from genspec.bench.methods import MethodSpec
 from genspec.errors import InputFileError
+from genspec.sampling import SamplingConfig
 
 
 def load_hf_model(path, dtype: str = "float32"):
@@ -127,19 +128,21 @@ class HFDecoder:
         return {k: (f"<model {getattr(v, 'name_or_path', '')}>" if k == "assistant_model" else v)
                 for k, v in self.kwargs.items()}
 
-    def generate_kwargs(self, max_new_tokens: int, temperature: float) -> dict:
+    def generate_kwargs(self, max_new_tokens: int, sampling: SamplingConfig) -> dict:
+        """``generate()``'s arguments: the method's own, length, and the same sampling as genspec's methods
+        (temperature, top-k 0 = off, top-p)."""
         kwargs = dict(self.kwargs, max_new_tokens=max_new_tokens, eos_token_id=self.eos_token_ids,
                       pad_token_id=self.pad_token_id)
-        if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        if not sampling.greedy:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
         else:
             kwargs.update(do_sample=False)
         return kwargs
 
-    def decode(self, ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> dict:
+    def decode(self, ids: list[int], max_new_tokens: int, sampling: SamplingConfig, seed: int) -> dict:
         """Generate for one prompt; returns the raw figures of the call."""
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        kwargs = self.generate_kwargs(max_new_tokens, temperature)
+        kwargs = self.generate_kwargs(max_new_tokens, sampling)
         self.clock.reset()
         if self.assistant_clock is not None:
             self.assistant_clock.reset()

@@ -61,7 +61,8 @@ def execute(s: dict, prompts, console, command: str) -> dict:
 
         torch.set_num_threads(s["threads"])
     config = GenerationConfig(max_new_tokens=s["max_new_tokens"], num_draft_tokens=s["num_draft_tokens"],
-                              temperature=s["temperature"], seed=s["seed"], draft_length=s["draft_length"],
+                              temperature=s["temperature"], top_p=s.get("top_p", 1.0), seed=s["seed"],
+                              draft_length=s["draft_length"],
                               # the standard rule by name: the seed only makes methods comparable, and the
                               # coupled rule that "auto" would pick for seeded model drafters accepts less
                               rule="overaccept")

@@ -102,7 +102,7 @@ def run_interleaved(decoders: list, prompts: list[BenchPrompt], prompt_ids: list
                 gc.disable()  # no collection pause inside a timed call (it runs between calls instead)
                 try:
                     if decoder.kind == "hf":
-                        out = decoder.decode(ids, config.max_new_tokens, config.temperature, seed)
+                        out = decoder.decode(ids, config.max_new_tokens, config.sampling, seed)
                     else:
                         out = decoder.decode(ids, replace(config, seed=seed))
                 except Exception as exc:  # noqa: BLE001 - one failing baseline must not end the run
@@ -138,7 +138,7 @@ def warm_up(decoders: list, ids: list[int], config: GenerationConfig) -> None:
     for decoder in decoders:
         try:
             if decoder.kind == "hf":
-                decoder.decode(ids, 4, config.temperature, 0)
+                decoder.decode(ids, 4, config.sampling, 0)
             else:
                 decoder.decode(ids, replace(config, max_new_tokens=4, seed=0))
         except Exception:  # noqa: BLE001 - the timed run records the error

@@ -51,6 +51,8 @@ def add_parser(subparsers) -> None:
     bench.add_argument("--num-prompts", type=int, metavar="N", help="prompts per category (default 2)")
     bench.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens per prompt at most (default 128)")
     bench.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    bench.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                       help="nucleus sampling with --temperature > 0, for every method alike (default 1.0: off)")
     bench.add_argument("--seed", type=int, default=0, help="seed of every call (default 0)")
     bench.add_argument("--repeats", type=int, metavar="R", help="repeats of the whole suite (default 3)")
     bench.add_argument("-k", "--num-draft-tokens", type=int, default=8, metavar="K",
@@ -102,6 +104,8 @@ def resolve_settings(args) -> dict:
         raise ConfigError(f"-k must be >= 1, got {args.num_draft_tokens}")
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     if args.draft_model is not None and not Path(args.draft_model).is_dir():
@@ -121,7 +125,7 @@ def resolve_settings(args) -> dict:
             raise ConfigError("--k-sweep needs a genspec method: add one to --methods or give --sweep-method")
     return {"model": args.model, "draft_model": args.draft_model, "methods": methods, "categories": categories,
             "num_prompts": pick["num_prompts"], "max_new_tokens": pick["max_new_tokens"],
-            "temperature": args.temperature, "seed": args.seed, "repeats": pick["repeats"],
+            "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "repeats": pick["repeats"],
             "num_draft_tokens": args.num_draft_tokens, "draft_length": args.draft_length,
             "k_sweep": sweep_ks, "sweep_method": sweep_method, "sweep_prompts": pick["sweep_prompts"],
             "out": Path(args.out or "bench_results"), "quick": args.quick, "dtype": args.dtype, "threads": args.threads,
@@ -149,6 +153,8 @@ def command_line(s: dict) -> str:
               "--num-prompts", str(s["num_prompts"]), "--max-new-tokens", str(s["max_new_tokens"]),
               "--temperature", str(s["temperature"]), "--seed", str(s["seed"]), "--repeats", str(s["repeats"]),
               "-k", str(s["num_draft_tokens"]), "--draft-length", s["draft_length"]]
+    if s.get("top_p", 1.0) != 1.0:
+        parts += ["--top-p", str(s["top_p"])]
     if s["threads"]:
         parts += ["--threads", str(s["threads"])]
     if s["k_sweep"]:
