@@ -35,10 +35,10 @@ extrapolated, priced a 9-token block at 632 ms, and the suffix drafter drafted n
 benchmark: ``python benchmarks/cost_model_first_sample.py``.) Hence two rules. Beyond the measured widths
 an extra token never costs more than a whole plain step: a steeper slope is a jump (a kernel switch, a
 slow sample), not a per-token cost, and the growth prior's slope stands in. And the plan explores: where
-a width not yet measured for this batch size would win if it cost what the growth prior says, one plan
-in ``EXPLORE_EVERY`` (16) drafts it, so the estimate is replaced by a measurement; each width is
-explored until measured once, so exploring costs a bounded number of steps per engine, never a
-steady share of them.
+a width not yet measured for this batch size would win if it cost what the growth prior says, the
+plan drafts it, the first time at once and then one such plan in ``EXPLORE_EVERY`` (16), so the
+estimate is replaced by a measurement; each width is explored until measured once, so exploring costs
+a bounded number of steps per engine, never a steady share of them.
 
 In a batch the draft lengths are chosen together (:func:`plan`): the target verifies one block for
 all rows, and a batch of B rows already fills the machine more than one row does, so a draft that pays
@@ -59,9 +59,9 @@ from genspec.theory.leviathan import expected_tokens_per_call
 POLICIES = ("fixed", "heuristic", "cost")
 #: how much faster than plain decoding the cost policy's estimate must be before it drafts at all
 MARGIN = 1.1
-#: one plan in this many (among those where a width not yet measured would win at the growth prior's
-#: cost) drafts that width to measure it: exploring a 2.5-plain-step block that gains 1.5 tokens wastes
-#: about one step, so at most ~1/16 of a step per step while a width is unmeasured
+#: after the first, one plan in this many (among those where a width not yet measured would win at the
+#: growth prior's cost) drafts that width to measure it: exploring a 2.5-plain-step block that gains 1.5
+#: tokens wastes about one step, so at most ~1/16 of a step per step while a width is unmeasured
 EXPLORE_EVERY = 16
 
 
@@ -92,9 +92,10 @@ class CostModel:
         return 1 + self.growth_prior * (width - 1)
 
     def explore_due(self, batch: int) -> bool:
-        """Called by :func:`plan` when a width not yet measured for ``batch`` rows could win: True one
-        call in ``explore_every`` (the plan then drafts that width, and the engine measures it)."""
-        wait = self._explore_wait.get(batch, 0) + 1
+        """Called by :func:`plan` when a width not yet measured for ``batch`` rows could win: True the
+        first time, then one call in ``explore_every`` (the plan then drafts that width, and the engine
+        measures it)."""
+        wait = self._explore_wait.get(batch, self.explore_every - 1) + 1
         self._explore_wait[batch] = 0 if wait >= self.explore_every else wait
         return wait >= self.explore_every
 
@@ -328,7 +329,7 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     Exploring: a block wider than any measured for this batch size is priced by extrapolation, which
     may be wrong and, if too dear, would never be corrected. If such a width would beat the choice
     above when it cost what the growth prior says (or less, where the model says so), the plan drafts
-    it when :meth:`CostModel.explore_due` says so (one such plan in ``EXPLORE_EVERY``)."""
+    it when :meth:`CostModel.explore_due` says so (the first such plan, then one in ``EXPLORE_EVERY``)."""
     batch = len(rows)
     ks = [min(r.policy.current, r.cap) if r.policy is not None and r.policy.policy != "cost" else 0 for r in rows]
     costed = [i for i, r in enumerate(rows) if r.policy is not None and r.policy.policy == "cost" and r.cap > 0]

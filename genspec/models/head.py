@@ -22,7 +22,7 @@ for 2 to 8 rows against 47 ms for the one-row ``bmm``: a 2-token verify block pa
 cost more than 3- to 9-token blocks (121 ms against 103-124 ms, ``python
 benchmarks/cost_model_first_sample.py``), which made drafting look dear. Two rows take the ``bmm`` on
 both machines: EPYC 49 against 67 ms (table above), Intel 72 against 141 ms (69 against 131 ms with one
-thread). For 3-8 rows the ``bmm`` is also faster on the Intel VM (79-112 against 114-135 ms) but 2x
+thread). For 3-8 rows the ``bmm`` is also faster on the Intel VM (79-112 against 114-126 ms) but 2x
 slower on the EPYC (133 against 64 ms at 4 rows), so that switch waits for a per-machine choice.
 So one or two rows (plain decoding, the draft models' steps, a one-token draft's verify block) use the
 chunked ``bmm`` over a transposed copy, 3-12 rows (verifying a longer draft) use ``W @ x.T`` on the
