@@ -84,8 +84,9 @@ class CostModel:
         self.verify: dict[tuple[int, int], float] = {}  # (batch, width) -> seconds
         self._explore_wait: dict[int, int] = {}  # batch -> plans since the last exploration
 
-    def measured(self, width: int, batch: int = 1) -> bool:
-        return (batch, width) in self.verify
+    def widest(self, batch: int = 1) -> int:
+        """The widest block measured for ``batch`` rows (0: none)."""
+        return max((w for b, w in self.verify if b == batch), default=0)
 
     def prior_relative(self, width: int) -> float:
         """The growth prior: verifying ``width`` tokens costs ``1 + growth_prior (width - 1)`` plain steps."""
@@ -336,7 +337,7 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     if not costed:
         return ks
     step = costs.verify_cost(1, batch)
-    widest = max((w for b, w in costs.verify if b == batch), default=0)
+    widest = costs.widest(batch)
 
     def gain(i: int, k: int) -> float:
         return rows[i].policy.expected_tokens(k, rows[i].evidence) - 1.0

@@ -156,6 +156,14 @@ def test_free_proposals_are_scored_when_not_verified():
     assert policy.estimate(3).rate_first < before
 
 
+def _plain_run(tokens: int) -> tuple[HFCausalLM, list[list[int]], list[int]]:
+    """A tiny target, a one-prompt batch and its plain greedy continuation (what oracle drafters copy)."""
+    target = HFCausalLM(tiny_llama(0))
+    prompt = [[5, 6, 7, 8, 9, 5, 6, 7]]
+    return target, prompt, SpeculativeEngine(target).generate_ids(prompt, max_new_tokens=tokens,
+                                                                  eos_token_ids=())[0].token_ids
+
+
 def test_first_step_drafts_a_few_tokens_not_k_max():
     """Nothing measured yet: the prior costs (1 + 0.1 k) and the prior acceptance pick a short draft."""
     policy = DraftLength("cost", k_max=16)
@@ -173,9 +181,7 @@ def test_engine_drops_weak_free_drafts_and_stays_exact():
         def observe_verify(self, width, seconds, batch=1):
             self.verify[(batch, width)] = 1 + 0.1 * (width - 1)
 
-    target = HFCausalLM(tiny_llama(0))
-    prompt = [[5, 6, 7, 8, 9, 5, 6, 7]]
-    plain = SpeculativeEngine(target).generate_ids(prompt, max_new_tokens=60, eos_token_ids=())[0].token_ids
+    target, prompt, plain = _plain_run(60)
 
     class Oracle(Drafter):
         name, free = "oracle", True
@@ -204,9 +210,7 @@ def test_policies_learn_a_trees_depth_not_its_node_count():
     each draft half rejected and shrink k to 1."""
     from genspec.drafters.base import Draft, Drafter
 
-    target = HFCausalLM(tiny_llama(0))
-    prompt = [[5, 6, 7, 8, 9, 5, 6, 7]]
-    plain = SpeculativeEngine(target).generate_ids(prompt, max_new_tokens=40, eos_token_ids=())[0].token_ids
+    target, prompt, plain = _plain_run(40)
 
     class OracleTree(Drafter):
         name, free, max_candidates = "oracle-tree", True, 2
@@ -391,9 +395,7 @@ def test_an_engine_whose_first_sample_is_a_slow_two_token_block_still_drafts():
     costs = Synthetic()
     for width, seconds in FIRST_SAMPLE.items():
         costs.observe_verify(width, seconds)
-    target = HFCausalLM(tiny_llama(0))
-    prompt = [[5, 6, 7, 8, 9, 5, 6, 7]]
-    plain = SpeculativeEngine(target).generate_ids(prompt, max_new_tokens=40, eos_token_ids=())[0].token_ids
+    target, prompt, plain = _plain_run(40)
 
     class Oracle(Drafter):
         name, free = "oracle", True
