@@ -11,6 +11,8 @@ first sample of a wide block (see README, "Short answers").
 """
 from __future__ import annotations
 
+import torch
+
 import genspec
 from genspec.bench.prompts import encode_prompt, load_spec_bench
 from genspec.engine import GenerationConfig, SpeculativeEngine
@@ -21,6 +23,7 @@ def main() -> None:
     writing = encode_prompt(load_spec_bench(["writing"], per_category=1)[0].text, target.tokenizer)
     extraction = encode_prompt(load_spec_bench(["extraction"], per_category=1)[0].text, target.tokenizer)
     config = GenerationConfig(max_new_tokens=32, num_draft_tokens=8)
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads")
     for name in ("suffix", "prompt-lookup"):
         drafter = genspec.build_drafter(name, target)
         engine = SpeculativeEngine(target, drafter, target.tokenizer)

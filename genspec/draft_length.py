@@ -28,6 +28,18 @@ Before anything is measured the policy assumes verifying k + 1 tokens costs ``1 
 steps (near what the embedded model measures on a CPU: 1.12x for 2 tokens, 1.32x for 8), so the
 first step of a request drafts a couple of tokens, not k_max blind.
 
+A cost model must not lock itself out of drafting: a width it never tries is never measured, so a wrong
+estimate of it would stand for good. (On the 2-core Intel Xeon VM a 2-token block measured 121 ms against
+48 ms for one token, more than 3- to 9-token blocks (103-124 ms); the 73 ms slope of those two widths,
+extrapolated, priced a 9-token block at 632 ms, and the suffix drafter drafted nothing in a whole
+benchmark: ``python benchmarks/cost_model_first_sample.py``.) Hence two rules. Beyond the measured widths
+an extra token never costs more than a whole plain step: a steeper slope is a jump (a kernel switch, a
+slow sample), not a per-token cost, and the growth prior's slope stands in. And the plan explores: where
+a width not yet measured for this batch size would win if it cost what the growth prior says, the
+plan drafts it, the first time at once and then one such plan in ``EXPLORE_EVERY`` (16), so the
+estimate is replaced by a measurement; each width is explored until measured once, so exploring costs
+a bounded number of steps per engine, never a steady share of them.
+
 In a batch the draft lengths are chosen together (:func:`plan`): the target verifies one block for
 all rows, and a batch of B rows already fills the machine more than one row does, so a draft that pays
 for one request alone may not pay in a batch (its B - 1 neighbours gain nothing from its extra
@@ -47,6 +59,10 @@ from genspec.theory.leviathan import expected_tokens_per_call
 POLICIES = ("fixed", "heuristic", "cost")
 #: how much faster than plain decoding the cost policy's estimate must be before it drafts at all
 MARGIN = 1.1
+#: after the first, one plan in this many (among those where a width not yet measured would win at the
+#: growth prior's cost) drafts that width to measure it: exploring a 2.5-plain-step block that gains 1.5
+#: tokens wastes about one step, so at most ~1/16 of a step per step while a width is unmeasured
+EXPLORE_EVERY = 16
 
 
 class CostModel:
@@ -61,10 +77,28 @@ class CostModel:
     ``python benchmarks/switch_point.py``).
     ``genspec serve`` measures a grid of shapes at start (:func:`genspec.calibration.measure_verify_costs`)."""
 
-    def __init__(self, decay: float = 0.8, growth_prior: float = 0.1):
+    def __init__(self, decay: float = 0.8, growth_prior: float = 0.1, explore_every: int = EXPLORE_EVERY):
         self.decay = decay
         self.growth_prior = growth_prior
+        self.explore_every = explore_every
         self.verify: dict[tuple[int, int], float] = {}  # (batch, width) -> seconds
+        self._explore_wait: dict[int, int] = {}  # batch -> plans since the last exploration
+
+    def widest(self, batch: int = 1) -> int:
+        """The widest block measured for ``batch`` rows (0: none)."""
+        return max((w for b, w in self.verify if b == batch), default=0)
+
+    def prior_relative(self, width: int) -> float:
+        """The growth prior: verifying ``width`` tokens costs ``1 + growth_prior (width - 1)`` plain steps."""
+        return 1 + self.growth_prior * (width - 1)
+
+    def explore_due(self, batch: int) -> bool:
+        """Called by :func:`plan` when a width not yet measured for ``batch`` rows could win: True the
+        first time, then one call in ``explore_every`` (the plan then drafts that width, and the engine
+        measures it)."""
+        wait = self._explore_wait.get(batch, self.explore_every - 1) + 1
+        self._explore_wait[batch] = 0 if wait >= self.explore_every else wait
+        return wait >= self.explore_every
 
     def observe_verify(self, width: int, seconds: float, batch: int = 1) -> None:
         old = self.verify.get((batch, width))
@@ -88,7 +122,7 @@ class CostModel:
         if width in curve:
             return curve[width]
         if len(curve) >= 2:
-            return _along(curve, width)
+            return _along(curve, width, self.growth_prior)
         step = curve.get(1) if curve else None
         if step is None:
             step = self._borrowed_step(batch)
@@ -108,18 +142,22 @@ class CostModel:
         """Verify cost of ``batch`` rows x ``width`` tokens in plain steps of that batch."""
         curve = self._widths(batch)
         if len(curve) >= 2 and 1 in curve:
-            return _along(curve, width) / curve[1]
+            return _along(curve, width, self.growth_prior) / curve[1]
         known = [b for b in {b for b, _ in self.verify} if len(self._widths(b)) >= 2 and 1 in self._widths(b)]
         if known:  # the nearest batch size's curve, in units of its own plain step
             nearest = min(known, key=lambda b: (abs(b - batch), b))
             other = self._widths(nearest)
-            return _along(other, width) / other[1]
-        return 1 + self.growth_prior * (width - 1)
+            return _along(other, width, self.growth_prior) / other[1]
+        return self.prior_relative(width)
 
 
-def _along(curve: dict[int, float], width: int) -> float:
+def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
     """``curve`` (width -> seconds, two widths or more) at ``width``: interpolated, or extrapolated with
-    the least-squares slope, never below zero."""
+    the least-squares slope, never below zero. The slope is at most one plain step per token: a steeper
+    one says a block of k + 1 tokens costs more than k + 1 plain steps, which is a jump between the
+    widths measured (on the Intel Xeon VM 48 ms for 1 token, 121 ms for 2, 103-124 ms for 3 to 9), not
+    what each further token adds; the growth prior's slope (``growth_prior`` plain steps per token)
+    stands in for it."""
     if width in curve:
         return curve[width]
     below = [w for w in curve if w < width]
@@ -131,6 +169,10 @@ def _along(curve: dict[int, float], width: int) -> float:
     mean_w, mean_t = sum(widths) / len(widths), sum(curve.values()) / len(widths)
     slope = max(sum((w - mean_w) * (curve[w] - mean_t) for w in widths) / sum((w - mean_w) ** 2 for w in widths),
                 0.0)
+    narrowest = min(widths)
+    plain_step = curve[narrowest] / (1 + growth_prior * (narrowest - 1))  # curve[1] where that is measured
+    if slope > plain_step:
+        slope = growth_prior * plain_step
     nearest = max(below) if below else min(above)
     return max(curve[nearest] + slope * (width - nearest), 0.0)
 
@@ -283,18 +325,30 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     (their tokens fill a block that is W wide anyway), a costly drafter's rows together if that raises
     the batch's expected tokens per unit of time (its drafting costs time); the best W is kept if it
     beats plain decoding by ``MARGIN``. Time: the block's verify cost in plain steps of
-    this batch, plus each costly drafter's time for its longest draft (its pass serves all its rows)."""
+    this batch, plus each costly drafter's time for its longest draft (its pass serves all its rows).
+
+    Exploring: a block wider than any measured for this batch size is priced by extrapolation, which
+    may be wrong and, if too dear, would never be corrected. If such a width would beat the choice
+    above when it cost what the growth prior says (or less, where the model says so), the plan drafts
+    it when :meth:`CostModel.explore_due` says so (the first such plan, then one in ``EXPLORE_EVERY``)."""
     batch = len(rows)
     ks = [min(r.policy.current, r.cap) if r.policy is not None and r.policy.policy != "cost" else 0 for r in rows]
     costed = [i for i, r in enumerate(rows) if r.policy is not None and r.policy.policy == "cost" and r.cap > 0]
     if not costed:
         return ks
     step = costs.verify_cost(1, batch)
+    widest = costs.widest(batch)
 
     def gain(i: int, k: int) -> float:
         return rows[i].policy.expected_tokens(k, rows[i].evidence) - 1.0
 
-    def rate(lengths: list[int]) -> float:
+    def estimated(width: int) -> float:
+        return costs.relative(width, batch)
+
+    def optimistic(width: int) -> float:  # unmeasured wider blocks at the growth prior's cost, if lower
+        return min(estimated(width), costs.prior_relative(width)) if width > widest else estimated(width)
+
+    def rate(lengths: list[int], relative=estimated) -> float:
         tokens = batch + sum(gain(i, k) for i, k in enumerate(lengths) if k and rows[i].policy is not None)
         longest: dict[int, tuple[DraftCost, int]] = {}
         for r, k in zip(rows, lengths):
@@ -302,7 +356,7 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
                 cost, most = longest.get(id(r.draft_cost), (r.draft_cost, 0))
                 longest[id(r.draft_cost)] = (cost, max(most, k))
         draft_time = sum((c.per_position or 0.0) * k for c, k in longest.values())
-        return tokens / (costs.relative(1 + max(lengths), batch) + (draft_time / step if step else 0.0))
+        return tokens / (relative(1 + max(lengths)) + (draft_time / step if step else 0.0))
 
     best, best_rate = list(ks), rate(ks) * (MARGIN if not any(ks) else 1.0)
     top = 1 + max(min(rows[i].cap, rows[i].policy.k_max) for i in costed)
@@ -311,18 +365,31 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     for i in costed:
         if rows[i].draft_cost is not None:
             by_drafter.setdefault(id(rows[i].draft_cost), []).append(i)
-    for width in range(2, top + 1):
+
+    def fill(width: int, relative) -> tuple[list[int], float]:
+        """The lengths for a block ``width`` wide and their rate (verify costs from ``relative``)."""
         trial = list(ks)
         for i in free:  # free tokens in a block that is this wide anyway
             trial[i] = min(width - 1, rows[i].cap, rows[i].policy.k_max)
-        current = rate(trial)
+        current = rate(trial, relative)
         for group in by_drafter.values():  # a costly drafter drafts for its rows, or not at all
             candidate = list(trial)
             for i in group:
                 candidate[i] = min(width - 1, rows[i].cap, rows[i].policy.k_max)
-            value = rate(candidate)
+            value = rate(candidate, relative)
             if value > current:
                 trial, current = candidate, value
+        return trial, current
+
+    explore, explore_rate = None, 0.0
+    for width in range(2, top + 1):
+        trial, current = fill(width, estimated)
         if current > best_rate:
             best, best_rate = trial, current
+        if width > widest:
+            trial, current = fill(width, optimistic)
+            if 1 + max(trial) > widest and current > explore_rate:
+                explore, explore_rate = trial, current
+    if explore is not None and explore_rate > best_rate and max(explore) != max(best) and costs.explore_due(batch):
+        return explore
     return best

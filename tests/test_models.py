@@ -110,6 +110,14 @@ def test_context_overflow_is_a_clear_error():
         model.forward(torch.zeros(1, 300, dtype=torch.long))
 
 
+def test_a_two_row_lm_head_takes_the_chunked_kernel():
+    """W @ x.T cost 2.3x the one-row step for two rows on the Intel Xeon VM, more than for 3-9 rows
+    (benchmarks/verify_width_cost.py); a 2-token verify block must take the chunked bmm, as one row does."""
+    from genspec.models.head import LMHead
+
+    assert [LMHead.kernel(rows) for rows in (1, 2, 3, 12, 13)] == ["chunked", "chunked", "gemm", "gemm", "chunked"]
+
+
 @pytest.mark.parametrize("rows", [1, 2, 5, 12, 13, 40])
 def test_lm_head_and_linear_kernels_are_exact_for_every_row_count(rows):
     """Each row count takes another kernel; all must be the plain product (float64, 1e-12)."""

@@ -16,10 +16,19 @@ this class                                   38    50    55    72   140
 =========================================  ====  ====  ====  ====  ====
 
 (one run; the VM is shared and single figures vary by +-20% between runs, the ranking does not).
-So one row (plain decoding, the draft models' steps) uses the chunked ``bmm`` over a transposed copy,
-2-12 rows (verifying a draft) use ``W @ x.T`` on the original weight (shared with the model, no copy),
-and more rows use the ``bmm`` again. All are exact fp32 products of the same numbers; only the
-summation order inside the BLAS differs (last-bit differences, as between any two batch sizes).
+On the 2-core Intel Xeon VM (torch 2.13, MKL; ``python benchmarks/verify_width_cost.py``, CPU shared
+with other jobs, medians of 7, benchmarks/results/verify_width_cost*.txt) ``W @ x.T`` costs 114-141 ms
+for 2 to 8 rows against 47 ms for the one-row ``bmm``: a 2-token verify block paid that whole jump, and
+cost more than 3- to 9-token blocks (121 ms against 103-124 ms, ``python
+benchmarks/cost_model_first_sample.py``), which made drafting look dear. Two rows take the ``bmm`` on
+both machines: EPYC 49 against 67 ms (table above), Intel 72 against 141 ms (69 against 131 ms with one
+thread). For 3-8 rows the ``bmm`` is also faster on the Intel VM (79-112 against 114-126 ms) but 2x
+slower on the EPYC (133 against 64 ms at 4 rows), so that switch waits for a per-machine choice.
+So one or two rows (plain decoding, the draft models' steps, a one-token draft's verify block) use the
+chunked ``bmm`` over a transposed copy, 3-12 rows (verifying a longer draft) use ``W @ x.T`` on the
+original weight (shared with the model, no copy), and more rows use the ``bmm`` again. All are exact
+fp32 products of the same numbers; only the summation order inside the BLAS differs (last-bit
+differences, as between any two batch sizes).
 """
 from __future__ import annotations
 
@@ -27,8 +36,8 @@ import torch
 
 #: columns per chunk of the transposed weight (1,024 x 640 fp32 = 2.6 MB: fits the L2/L3 slice)
 CHUNK = 1024
-#: row counts for which ``W @ x.T`` is the faster kernel
-SMALL_GEMM_ROWS = range(2, 13)
+#: row counts for which ``W @ x.T`` is the faster kernel (not 2 rows: see the module's docstring)
+SMALL_GEMM_ROWS = range(3, 13)
 
 
 class LMHead:
@@ -48,10 +57,15 @@ class LMHead:
         padded[:vocab] = self.weight
         self.chunked_t = padded.view(chunks, CHUNK, hidden).transpose(1, 2).contiguous()  # [C, H, CHUNK]
 
+    @staticmethod
+    def kernel(rows: int) -> str:
+        """The kernel used for ``rows`` rows: ``"gemm"`` (``W @ x.T``) or ``"chunked"`` (the ``bmm``)."""
+        return "gemm" if rows in SMALL_GEMM_ROWS else "chunked"
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         rows = hidden.reshape(-1, shape[-1])
-        if rows.shape[0] in SMALL_GEMM_ROWS:
+        if self.kernel(rows.shape[0]) == "gemm":
             logits = (self.weight @ rows.T).T
         else:
             chunks = self.chunked_t.shape[0]

@@ -1,0 +1,118 @@
+"""What verifying a block of 1..9 tokens costs the embedded model, and where the time goes.
+
+    python benchmarks/verify_width_cost.py --out benchmarks/results/verify_width_cost.txt
+
+Why: the cost policy extrapolates the verify costs it has measured (genspec/draft_length.py); a 2-token
+block that costs more than 3- to 9-token blocks (121 ms against 103-124 ms, 48 ms for one token,
+``python benchmarks/cost_model_first_sample.py``) made drafting look too dear for good. This script
+measures, for each block width after a 200-token context (the model's slot cache rolled back after each
+measurement, as :func:`genspec.calibration.step_time` does):
+
+ (a) the whole verify forward (``target.forward``: decoder + genspec's LM head), and the decoder alone
+     (``target.hidden_states``), so head = (a) - decoder;
+ (b) the LM head alone (262,144 x 640 fp32) with each exact kernel genspec has: the chunked ``bmm`` over
+     the transposed copy, ``W @ x.T``, and what :class:`genspec.models.head.LMHead` picks for that many rows;
+ (c) the decoder's linear layers alone (all of them, once each, on that many rows), with the kernels of
+     :class:`genspec.models.hf.TransposedLinear` (``x @ W_t`` for one row, ``W @ x.T`` for more) and with
+     ``F.linear`` (what transformers runs).
+
+Widths are interleaved within each repeat (a background load shifts all widths alike); each cell is
+``median / min`` over repeats (noise only adds time, so on a shared CPU the minimum is the steadier
+figure). Timings on a shared CPU vary by +-20% or more: compare widths and kernels, not runs.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import genspec
+from genspec.models.hf import TransposedLinear
+
+WIDTHS = range(1, 10)
+CONTEXT = 200
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return 1000 * (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    target = genspec.load_model(None)
+    head = target.lm_head
+    text = target.tokenizer("The history of the printing press begins " * 40)["input_ids"][:CONTEXT + max(WIDTHS)]
+    target.reset(1)
+    target.forward(torch.tensor([text[:CONTEXT]]), last_only=True)
+    target.commit_all()
+
+    def block(width: int, decoder_only: bool) -> None:
+        tokens = torch.tensor([text[CONTEXT:CONTEXT + width]])
+        if decoder_only:
+            target.hidden_states(tokens)
+        else:
+            target.forward(tokens)
+        target.keep_block(torch.full((1, width), -1))  # roll back: the next block sees the same context
+
+    chunks = head.chunked_t.shape[0]
+    kernels = {
+        "LMHead": head,
+        "bmm chunks": lambda x: torch.bmm(x.unsqueeze(0).expand(chunks, -1, -1), head.chunked_t),
+        "W @ x.T": lambda x: (head.weight @ x.T).T,
+    }
+    linears = [m for m in target.decoder.modules() if isinstance(m, TransposedLinear)]
+    inputs = {n: torch.randn(max(WIDTHS), n) for n in {m.in_features for m in linears}}
+    layer_kernels = {
+        "lin x @ W_t": lambda rows: [inputs[m.in_features][:rows] @ m.weight_t for m in linears],
+        "lin W @ x.T": lambda rows: [(m.weight @ inputs[m.in_features][:rows].T).T for m in linears],
+        "lin F.linear": lambda rows: [F.linear(inputs[m.in_features][:rows], m.weight) for m in linears],
+    }
+    hidden = torch.randn(max(WIDTHS), head.weight.shape[1])
+    times: dict[tuple[str, int], list[float]] = {}
+    with torch.inference_mode():
+        for width in WIDTHS:  # warm-up
+            block(width, False)
+        for _ in range(args.repeats):
+            for width in WIDTHS:
+                times.setdefault(("verify", width), []).append(timed(lambda: block(width, False)))
+                times.setdefault(("decoder", width), []).append(timed(lambda: block(width, True)))
+                for name, kernel in kernels.items():
+                    times.setdefault((name, width), []).append(timed(lambda: kernel(hidden[:width])))
+                for name, kernel in layer_kernels.items():
+                    times.setdefault((name, width), []).append(timed(lambda: kernel(width)))
+
+    columns = ["verify", "decoder", "LMHead", "bmm chunks", "W @ x.T", *layer_kernels]
+    lines = [f"# {_cpu()}, torch {torch.__version__}, "
+             f"{torch.get_num_threads()} threads, embedded model, context {CONTEXT}, "
+             f"median / min of {args.repeats} (ms)",
+             "width " + " ".join(f"{c:>13s}" for c in columns)]
+    for width in WIDTHS:
+        cells = (f"{statistics.median(times[(c, width)]):.0f} / {min(times[(c, width)]):.0f}" for c in columns)
+        lines.append(f"{width:5d} " + " ".join(f"{cell:>13s}" for cell in cells))
+    report = "\n".join(lines)
+    print(report)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
