@@ -458,3 +458,27 @@ def test_a_prompt_and_budget_beyond_the_context_is_refused(capsys, tiny_model_di
     assert main(["generate", "--model", str(tiny_model_dir), "--prompt", "a" * 200, "--max-new-tokens", "56",
                  "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["samples"][0]["token_ids"]) <= 56
+
+
+# ------------------------------------------------------------------ long runs stopped from outside
+def test_long_runs_turn_sigterm_and_an_ignored_sigint_into_an_interrupt_and_restore_the_handlers():
+    """``genspec bench`` / ``tradeoff`` save what they measured on ``KeyboardInterrupt``. A background job
+    (``cmd &``) inherits SIGINT ignored and ``kill`` sends SIGTERM: a 50-minute tradeoff run stopped either
+    way wrote nothing. Within ``stoppable()`` both raise ``KeyboardInterrupt``; afterwards the handlers
+    are what they were."""
+    import os
+    import signal
+
+    from genspec.interrupts import stoppable
+
+    before_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job
+    before_term = signal.getsignal(signal.SIGTERM)
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with pytest.raises(KeyboardInterrupt):
+                with stoppable():
+                    os.kill(os.getpid(), signum)  # the handler runs at the next bytecode
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == before_term
+    finally:
+        signal.signal(signal.SIGINT, before_int)

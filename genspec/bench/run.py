@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from genspec.errors import ConfigError, InputFileError
+from genspec.interrupts import stoppable
+
 
 # --------------------------------------------------------------------------- environment
 def machine_info() -> dict:
@@ -149,28 +151,29 @@ def execute(s: dict, prompts, console, command: str) -> dict:
                 progress.update(task, advance=1, last=last)
 
         interrupted = False
-        try:
-            from genspec.drafters.ngram_cache import clear_process_tables
-            from genspec.drafters.suffix import clear_suffix_caches
+        with stoppable():  # Ctrl-C, or SIGTERM / SIGINT in the background: report what was measured
+            try:
+                from genspec.drafters.ngram_cache import clear_process_tables
+                from genspec.drafters.suffix import clear_suffix_caches
 
-            for repeat in range(s["repeats"]):
-                # repeats are independent replicates: a drafter that learns across requests (ngram-cache's
-                # process table, the suffix drafter's process cache) must not have seen this very suite's
-                # outputs in an earlier repeat
-                clear_process_tables()
-                clear_suffix_caches()
-                for index, (prompt, ids) in enumerate(kept):
-                    extra = sweep_decoders if (prompt.category, prompt.question_id) in sweep_keys else []
-                    batch = run_interleaved(main + extra, [prompt], [ids], config, repeats=1,
-                                            on_progress=on_progress, rotation=index + repeat)
-                    for record in batch:
-                        record["repeat"] = repeat
-                        if any(record["method"] == d.name for d in extra):
-                            record["phase"] = "sweep"
-                        records.append(record)
-        except KeyboardInterrupt:  # keep what was measured: a long run stopped early still reports
-            interrupted = True
-            console.print("interrupted: writing the results of the prompts finished so far", markup=False)
+                for repeat in range(s["repeats"]):
+                    # repeats are independent replicates: a drafter that learns across requests (ngram-cache's
+                    # process table, the suffix drafter's process cache) must not have seen this very suite's
+                    # outputs in an earlier repeat
+                    clear_process_tables()
+                    clear_suffix_caches()
+                    for index, (prompt, ids) in enumerate(kept):
+                        extra = sweep_decoders if (prompt.category, prompt.question_id) in sweep_keys else []
+                        batch = run_interleaved(main + extra, [prompt], [ids], config, repeats=1,
+                                                on_progress=on_progress, rotation=index + repeat)
+                        for record in batch:
+                            record["repeat"] = repeat
+                            if any(record["method"] == d.name for d in extra):
+                                record["phase"] = "sweep"
+                            records.append(record)
+            except KeyboardInterrupt:  # keep what was measured: a long run stopped early still reports
+                interrupted = True
+                console.print("interrupted: writing the results of the prompts finished so far", markup=False)
     if not records:
         raise KeyboardInterrupt
 

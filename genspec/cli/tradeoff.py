@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from genspec.errors import ConfigError
+from genspec.interrupts import stoppable
 
 
 def add_parser(subparsers) -> None:
@@ -115,9 +116,10 @@ def run_tradeoff(args) -> int:
     with _progress(console) as progress:
         task = progress.add_task(f"{len(settings)} settings x {len(prompts)} prompts x {args.samples} samples",
                                  total=len(settings) * len(prompts) * args.samples)
-        generations, interrupted = tradeoff.run_generations(
-            engine, settings, prompt_ids, args.samples, base, args.seed,
-            lambda done, total: progress.update(task, completed=done))
+        with stoppable():  # Ctrl-C, or SIGTERM / SIGINT in the background: keep the generations done
+            generations, interrupted = tradeoff.run_generations(
+                engine, settings, prompt_ids, args.samples, base, args.seed,
+                lambda done, total: progress.update(task, completed=done))
         if scorer is not None:  # also after a Ctrl-C: the responses done are scored (a second one stops that)
             scoring = progress.add_task("scoring responses (WinRate)", total=None)
             tradeoff.score_generations(generations, prompts, prompt_ids, scorer, settings,
