@@ -101,6 +101,40 @@ def block_seen_mask(base_seen: torch.Tensor, block_tokens: torch.Tensor,
     return base_seen.unsqueeze(1) | in_block
 
 
+#: top-p looks for the nucleus among this many top tokens first (16x more, then all, if they hold less
+#: than top_p). Sorting a whole 262,144-token row took 17.5 ms on the 2-core Intel Xeon, a quarter of a
+#: plain step of the embedded model, and a verify block pays it per row (9 rows: 82 ms); top-1024 took
+#: 1.0 ms per row (0.5 ms per row at 9 rows). Measured with torch.sort / torch.topk on random [1, n,
+#: 262144] logits, this session's CPU quiet.
+NUCLEUS_CANDIDATES = 1024
+
+
+def _outside_nucleus(scores: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """Bool mask like ``scores``: the tokens top-p drops. Ranked by score, a token is dropped when the
+    tokens ranked above it already hold ``limit`` of the mass (the top token always stays); rows with
+    ``limit`` 1 drop nothing. The ranking is of the top ``NUCLEUS_CANDIDATES`` tokens, widened until
+    they hold ``limit``: every token below them is then dropped, exactly as a full sort would drop it.
+    ``limit``: one value per row, broadcastable to ``scores``."""
+    vocab = scores.shape[-1]
+    flat = scores.reshape(-1, vocab)
+    limit = limit.expand(*scores.shape[:-1], 1).reshape(-1, 1)
+    active = limit < 1.0
+    shift = flat.max(-1, keepdim=True).values
+    total = (flat - shift).exp().sum(-1, keepdim=True)
+    width = min(NUCLEUS_CANDIDATES, vocab)
+    while True:
+        ranked, order = torch.topk(flat, width, dim=-1)  # sorted, highest first
+        # the mass ranked above each token, as a running total shifted by one: exact where a prefix holds
+        # exactly top_p ("total minus self" rounds either way there)
+        held = ((ranked - shift).exp() / total).cumsum(-1)
+        if width == vocab or bool((held[:, -1:] >= limit)[active].all()):
+            break
+        width = min(16 * width, vocab)
+    mass_before = torch.nn.functional.pad(held[:, :-1], (1, 0))
+    drop = torch.ones_like(flat, dtype=torch.bool).scatter(-1, order, (mass_before >= limit))
+    return (drop & active).reshape(scores.shape)
+
+
 def process_logits(logits: torch.Tensor, sampling, seen: torch.Tensor | None = None) -> torch.Tensor:
     """The law tokens are drawn from, ``[B, ..., V]``, from raw logits of the same shape.
 
@@ -128,15 +162,7 @@ def process_logits(logits: torch.Tensor, sampling, seen: torch.Tensor | None = N
         scores = scores.masked_fill(scores < kth, -math.inf)
     top_p = [c.top_p if not c.greedy else 1.0 for c in rows]
     if any(p < 1.0 for p in top_p):
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        sorted_probs = sorted_scores.softmax(-1)
-        # the mass of the tokens ranked above each one, as a running total shifted by one: exact where a
-        # prefix holds exactly top_p ("total minus self" rounds either way there)
-        mass_before = torch.nn.functional.pad(sorted_probs.cumsum(-1)[..., :-1], (1, 0))
-        limit = _row_tensor(top_p, scores)
-        drop_sorted = (mass_before >= limit) & (limit < 1.0)  # the top token always stays (mass_before = 0)
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, -math.inf)
+        scores = scores.masked_fill(_outside_nucleus(scores, _row_tensor(top_p, scores)), -math.inf)
     probs = scores.softmax(-1)
     if any(greedy):
         one_hot = torch.nn.functional.one_hot(logits.argmax(-1), vocab).to(dtype)

@@ -160,6 +160,39 @@ def test_top_p_alone(top_p):
         assert torch.equal(ours, torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double())
 
 
+@pytest.mark.parametrize("candidates", [1, 3, 20])
+def test_top_p_ranks_the_top_tokens_first_and_widens_until_they_hold_top_p(monkeypatch, candidates):
+    """top-p ranks only the top ``NUCLEUS_CANDIDATES`` tokens, widening them 16x while they hold less than
+    top_p. With a handful of candidates the widening runs (1 -> 16 -> 256 -> V here), per row of a
+    batch mixing top_p values, a top_p 1 row and a greedy row: every row is still transformers' law."""
+    monkeypatch.setattr(genspec.sampling, "NUCLEUS_CANDIDATES", candidates)
+    configs = [(1.0, 0, 0.1, 1.0), (1.0, 0, 0.5, 1.0), (1.0, 0, 0.9, 1.0), (1.0, 0, 0.99, 1.0),
+               (1.0, 0, 1.0, 1.0), (0.0, 0, 0.9, 1.0), (0.7, 5, 0.9, 1.3)]
+    logits, input_ids = make_case(seed=70 + candidates, batch=len(configs), vocab=300)
+    logits[:4] /= 8  # flat rows: their nucleus is far wider than the candidates
+    ours = process_logits(logits, [SamplingConfig(*c) for c in configs],
+                          seen=seen_mask(input_ids.tolist(), 300))
+    for row, (temperature, top_k, top_p, penalty) in enumerate(configs):
+        if temperature == 0:
+            ref = torch.nn.functional.one_hot(logits[row:row + 1].argmax(-1), 300).double()
+        else:
+            ref = hf_probs(logits[row:row + 1], input_ids[row:row + 1], temperature, top_k, top_p, penalty)
+        assert_same_law(ours[row:row + 1], ref, what=f"candidates={candidates} row {row} {configs[row]}")
+    assert ((ours[2] > 0).sum() > 20) and ((ours[3] > 0).sum() > 256)  # the widening was needed
+
+
+def test_top_p_on_a_large_vocabulary_matches_transformers():
+    """A 50,000-token vocabulary: peaked rows whose nucleus lies within the first candidates and flat
+    rows where it does not (float64, so the comparison is exact to round-off)."""
+    logits, input_ids = make_case(seed=80, batch=4, vocab=50_000)
+    logits[2:] /= 16
+    for top_p in (0.5, 0.9):
+        ours = genspec_probs(logits, input_ids, 0.7, 0, top_p, 1.0)
+        assert_same_law(ours, hf_probs(logits, input_ids, 0.7, 0, top_p, 1.0), what=f"top_p={top_p}")
+        kept = (ours > 0).sum(-1)
+        assert kept[2:].min() > genspec.sampling.NUCLEUS_CANDIDATES, kept
+
+
 # ------------------------------------------------------------------------------------ combinations
 GRID = [(t, k) for t in (0.1, 0.7, 1.0, 2.0) for k in (0, 1, 5, "V-1", "V")]
 
