@@ -33,12 +33,18 @@ estimate of it would stand for good. (On the 2-core Intel Xeon VM a 2-token bloc
 48 ms for one token, more than 3- to 9-token blocks (103-124 ms); the 73 ms slope of those two widths,
 extrapolated, priced a 9-token block at 632 ms, and the suffix drafter drafted nothing in a whole
 benchmark: ``python benchmarks/cost_model_first_sample.py``.) Hence two rules. Beyond the measured widths
-an extra token never costs more than a whole plain step: a steeper slope is a jump (a kernel switch, a
-slow sample), not a per-token cost, and the growth prior's slope stands in. And the plan explores: where
+the slope is taken from widths >= 2 (the step from 1 token to 2 is a kernel switch on a CPU), and where
+only one of those is measured it is the lower of the measured slope and the growth prior's; an extra
+token never costs more than a whole plain step. And the plan explores: where
 a width not yet measured for this batch size would win if it cost what the growth prior says, the
 plan drafts it, the first time at once and then one such plan in ``EXPLORE_EVERY`` (16), so the
 estimate is replaced by a measurement; each width is explored until measured once, so exploring costs
 a bounded number of steps per engine, never a steady share of them.
+
+Requests learn from the requests before them: the engine keeps an :class:`AcceptanceMemory` per drafter
+(greedy and sampled requests apart), and an evidence level a request has not seen yet starts from what
+earlier requests saw of it, so a short answer does not pay again for drafts the traffic has already
+shown to fail (or wait to trust those it has shown to succeed).
 
 In a batch the draft lengths are chosen together (:func:`plan`): the target verifies one block for
 all rows, and a batch of B rows already fills the machine more than one row does, so a draft that pays
@@ -153,11 +159,15 @@ class CostModel:
 
 def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
     """``curve`` (width -> seconds, two widths or more) at ``width``: interpolated, or extrapolated with
-    the least-squares slope, never below zero. The slope is at most one plain step per token: a steeper
-    one says a block of k + 1 tokens costs more than k + 1 plain steps, which is a jump between the
-    widths measured (on the Intel Xeon VM 48 ms for 1 token, 121 ms for 2, 103-124 ms for 3 to 9), not
-    what each further token adds; the growth prior's slope (``growth_prior`` plain steps per token)
-    stands in for it."""
+    a slope, never below zero. The step from 1 token to 2 is no per-token cost: on a CPU it is where the
+    matrix kernels change (the 2-core Intel Xeon VM: 50 ms for 1 token, 92 ms for 2, 127-153 ms for 4 to
+    9, this session's ``python /work/scratch/diag.py``-style engine run at T 0.7). So the slope is the
+    least-squares slope of the widths >= 2 where two or more are measured; else (width 1 and one wider
+    width) the measured slope or the growth prior's (``growth_prior`` plain steps per token), whichever
+    is lower: an optimistic price is corrected by drafting that width once, a pessimistic one never is
+    (the 1-to-2 slope of 48 ms -> 121 ms priced a 9-token block at 632 ms, against 114 ms measured later,
+    and the suffix drafter drafted nothing in a whole benchmark: ``python benchmarks/cost_model_first_sample.py``).
+    Any slope above one plain step per token is a jump, not a cost, and the growth prior's stands in."""
     if width in curve:
         return curve[width]
     below = [w for w in curve if w < width]
@@ -165,14 +175,18 @@ def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
     if below and above:
         lo, hi = max(below), min(above)
         return curve[lo] + (curve[hi] - curve[lo]) * (width - lo) / (hi - lo)
-    widths = list(curve)
-    mean_w, mean_t = sum(widths) / len(widths), sum(curve.values()) / len(widths)
+    narrowest = min(curve)
+    plain_step = curve[narrowest] / (1 + growth_prior * (narrowest - 1))  # curve[1] where that is measured
+    prior_slope = growth_prior * plain_step
+    wide = [w for w in curve if w >= 2]
+    widths = wide if len(wide) >= 2 else list(curve)
+    mean_w, mean_t = sum(widths) / len(widths), sum(curve[w] for w in widths) / len(widths)
     slope = max(sum((w - mean_w) * (curve[w] - mean_t) for w in widths) / sum((w - mean_w) ** 2 for w in widths),
                 0.0)
-    narrowest = min(widths)
-    plain_step = curve[narrowest] / (1 + growth_prior * (narrowest - 1))  # curve[1] where that is measured
+    if len(wide) < 2:
+        slope = min(slope, prior_slope)
     if slope > plain_step:
-        slope = growth_prior * plain_step
+        slope = prior_slope
     nearest = max(below) if below else min(above)
     return max(curve[nearest] + slope * (width - nearest), 0.0)
 
@@ -222,6 +236,36 @@ class Acceptance:
         return expected_tokens_per_call(self.rate_later, k, first_alpha=self.rate_first)
 
 
+class AcceptanceMemory:
+    """What one drafter's proposals achieved across requests, per evidence level: where a new request's
+    estimates start. Without it every request started from the same prior (first token kept 1 time in
+    2), so each short answer paid again for drafts the previous requests had already shown to fail: on
+    32-token Spec-Bench answers one failed 8-token lookup draft costs about 6% of plain speed (a 9-token
+    block took 123 ms against 48 ms for one token on the 2-core Intel Xeon; the writing prompt 81 ran at
+    0.86x plain after three failed drafts: benchmarks/results/spec_bench_32_after_fix/results.json).
+    The engine keeps one memory per drafter and per kind of request (greedy or sampled: when sampling, a
+    deterministic draft token y is kept with probability q(y) only, so the same evidence is worth less).
+    Counts decay (``decay`` per record), so the memory follows a change of traffic."""
+
+    def __init__(self, decay: float = 0.98):
+        self.decay = decay
+        self.levels: dict[object, Acceptance] = {}
+
+    def record(self, evidence, drafted: int, accepted: int) -> None:
+        if evidence not in self.levels:
+            self.levels[evidence] = Acceptance(0.0, 0.0, 0.0, self.decay)
+        self.levels[evidence].record(drafted, accepted)
+
+    def rates(self, evidence) -> tuple[float | None, float | None]:
+        """(first, later) acceptance seen for ``evidence`` across requests (None where nothing was seen)."""
+        seen = self.levels.get(evidence)
+        if seen is None:
+            return None, None
+        first = seen.rate_first if seen.first[1] > 0 else None
+        later = seen.rate_later if seen.later[1] > 0 else None
+        return first, later
+
+
 class DraftLength:
     """One request's draft-length state: its policy, its acceptance estimates (per evidence level) and,
     for the cost policy, the probing of a switched-off costly drafter. ``costs`` / ``draft_cost`` are
@@ -230,7 +274,7 @@ class DraftLength:
 
     def __init__(self, policy: str, k_max: int, cost_model: CostModel | None = None,
                  draft_cost: DraftCost | None = None, prior_alpha: float = 0.5, prior_later: float = 0.6,
-                 prior_weight: float = 2.0, decay: float = 0.9):
+                 prior_weight: float = 2.0, decay: float = 0.9, memory: AcceptanceMemory | None = None):
         if policy not in POLICIES:
             raise ConfigError(f"unknown draft length policy {policy!r}; choose from: {', '.join(POLICIES)}")
         self.policy = policy
@@ -238,6 +282,7 @@ class DraftLength:
         self.current = k_max
         self.costs = cost_model or CostModel()
         self.draft_cost = draft_cost
+        self.memory = memory
         self._prior = (prior_alpha, prior_later, prior_weight, decay)
         self.acceptance: dict[object, Acceptance] = {}
         # a drafter switched off is probed with one token now and then, less often each time it fails
@@ -246,12 +291,17 @@ class DraftLength:
 
     def estimate(self, evidence=None) -> Acceptance:
         """The acceptance counts for proposals backed by ``evidence`` (None: no evidence). A level seen
-        for the first time starts from the global prior, or from the pooled rates over the levels seen
-        so far where those are lower (a weak prior: ``prior_weight`` pseudo-counts): pessimism is
-        shared, optimism is not."""
+        for the first time starts from what earlier requests saw of it (the memory); a level they never
+        saw starts from the global prior, or from the pooled rates over this request's levels seen so far
+        where those are lower: pessimism is shared, optimism is not. Either is a weak prior
+        (``prior_weight`` pseudo-counts) that the request's own outcomes soon outweigh."""
         table = self.acceptance
         if evidence not in table:
             prior_first, prior_later, weight, decay = self._prior
+            first, later = self.memory.rates(evidence) if self.memory is not None else (None, None)
+            if first is not None:
+                table[evidence] = Acceptance(first, prior_later if later is None else later, weight, decay)
+                return table[evidence]
             if table:
                 seen = list(table.values())
                 prior_first = min(prior_first, sum(a.first[0] for a in seen) / sum(a.first[1] for a in seen))
@@ -293,6 +343,8 @@ class DraftLength:
         if drafted <= 0:
             return
         self.estimate(evidence).record(drafted, accepted)
+        if self.memory is not None:
+            self.memory.record(evidence, drafted, accepted)
         if self.policy == "heuristic":
             step = 2 if accepted == drafted else -1
             self.current = max(1, min(self.k_max, self.current + step))
@@ -301,6 +353,8 @@ class DraftLength:
         """Score a free proposal that was not verified against what the target emitted instead."""
         if proposal and emitted:
             self.estimate(evidence).record(1, int(proposal[0] == emitted[0]))
+            if self.memory is not None:
+                self.memory.record(evidence, 1, int(proposal[0] == emitted[0]))
 
     def __repr__(self) -> str:
         rates = {e: round(a.rate_first, 2) for e, a in self.acceptance.items()}
@@ -330,7 +384,8 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     Exploring: a block wider than any measured for this batch size is priced by extrapolation, which
     may be wrong and, if too dear, would never be corrected. If such a width would beat the choice
     above when it cost what the growth prior says (or less, where the model says so), the plan drafts
-    it when :meth:`CostModel.explore_due` says so (the first such plan, then one in ``EXPLORE_EVERY``)."""
+    it when :meth:`CostModel.explore_due` says so (the first such plan, then one in ``EXPLORE_EVERY``),
+    taking the widest such block."""
     batch = len(rows)
     ks = [min(r.policy.current, r.cap) if r.policy is not None and r.policy.policy != "cost" else 0 for r in rows]
     costed = [i for i, r in enumerate(rows) if r.policy is not None and r.policy.policy == "cost" and r.cap > 0]
@@ -381,15 +436,20 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
                 trial, current = candidate, value
         return trial, current
 
-    explore, explore_rate = None, 0.0
+    unmeasured = []  # (lengths, rate at the optimistic price) of blocks wider than any measured
     for width in range(2, top + 1):
         trial, current = fill(width, estimated)
         if current > best_rate:
             best, best_rate = trial, current
         if width > widest:
             trial, current = fill(width, optimistic)
-            if 1 + max(trial) > widest and current > explore_rate:
-                explore, explore_rate = trial, current
-    if explore is not None and explore_rate > best_rate and max(explore) != max(best) and costs.explore_due(batch):
-        return explore
+            if 1 + max(trial) > widest:
+                unmeasured.append((trial, current))
+    # explore the widest block that could win: once it is measured, every narrower width is interpolated,
+    # so an engine explores about once per batch size (exploring the best-looking width instead measured
+    # one width more each time, 4, 5, 6, ... 9: six failed drafts of 4 to 8 tokens over the first
+    # requests at T 0.7, each costing 1.5-2 plain steps)
+    winners = [trial for trial, current in unmeasured if current > best_rate]
+    if winners and 1 + max(best) <= widest and costs.explore_due(batch):  # (a best that is unmeasured explores)
+        return max(winners, key=max)
     return best

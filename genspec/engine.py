@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from genspec.acceptance import Verdict, check_rule, is_lossless, verify
-from genspec.draft_length import POLICIES, CostModel, DraftCost, DraftLength, RowPlan, plan
+from genspec.draft_length import POLICIES, AcceptanceMemory, CostModel, DraftCost, DraftLength, RowPlan, plan
 from genspec.drafters.base import Draft, DraftBlock, Drafter, DraftRequest, RequestContext
 from genspec.errors import ConfigError, ContextLengthError, GenerationError, GenspecError, NumericalError
 from genspec.models.base import CausalLM
@@ -253,14 +253,16 @@ class _Request:
     """Book-keeping of one request."""
 
     def __init__(self, request_id: int, prompt: list[int], config: GenerationConfig, drafter: Drafter | None,
-                 drafter_name: str, costs: CostModel, draft_cost: DraftCost | None, eos: set[int], sample_index: int):
+                 drafter_name: str, costs: CostModel, draft_cost: DraftCost | None, eos: set[int], sample_index: int,
+                 memory: AcceptanceMemory | None = None):
         self.id = request_id
         self.prompt = list(prompt)
         self.config = config
         self.sampling = config.sampling
         self.drafter = drafter
         self.drafter_name = drafter_name
-        self.policy = DraftLength(config.draft_length, config.num_draft_tokens, costs, draft_cost) if drafter else None
+        self.policy = (DraftLength(config.draft_length, config.num_draft_tokens, costs, draft_cost, memory=memory)
+                       if drafter else None)
         self.random = RequestRandomness(config.seed, sample_index, drafter.max_candidates if drafter else 1)
         self.eos = eos
         self.generated: list[int] = []
@@ -338,6 +340,8 @@ class SpeculativeEngine:
         self.max_batch_size = max_batch_size
         self.costs = cost_model or CostModel()  # the target's verify costs, by block size
         self.draft_costs = {name: DraftCost() for name in self.drafters}
+        # what each drafter's proposals achieved in earlier requests, greedy and sampled apart
+        self.acceptance_memory = {(name, greedy): AcceptanceMemory() for name in self.drafters for greedy in (True, False)}
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []  # in the target's row order
         self._cancelled: list[_Request] = []
@@ -369,7 +373,7 @@ class SpeculativeEngine:
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
         request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs,
                            self.draft_costs.get(name) if drafter is not None and not drafter.free else None, eos,
-                           sample_index)
+                           sample_index, self.acceptance_memory.get((name, config.sampling.greedy)))
         self._waiting.append(request)
         return request.id
 

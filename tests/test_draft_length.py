@@ -291,7 +291,10 @@ def test_cost_model_interpolates_extrapolates_and_borrows_curves():
     costs.observe_verify(1, 0.1, batch=4)
     costs.observe_verify(3, 0.3, batch=4)
     assert costs.verify_cost(2, batch=4) == pytest.approx(0.2)  # interpolated
-    assert costs.verify_cost(5, batch=4) == pytest.approx(0.5)  # extrapolated with the measured slope
+    # extrapolated from widths 1 and 3 alone: the measured slope or the growth prior's, the lower
+    assert costs.verify_cost(5, batch=4) == pytest.approx(0.3 + 2 * 0.1 * 0.1)
+    costs.observe_verify(4, 0.35, batch=4)  # two widths >= 2: their own slope
+    assert costs.verify_cost(6, batch=4) == pytest.approx(0.45)
     assert costs.relative(3, batch=4) == pytest.approx(3.0)
     costs.observe_verify(1, 0.2, batch=8)  # a plain step only: batch 4's relative curve is borrowed
     assert costs.relative(3, batch=8) == pytest.approx(3.0)
@@ -335,8 +338,18 @@ def test_a_slope_steeper_than_a_plain_step_is_not_extrapolated():
     costs = _observed(FIRST_SAMPLE)
     assert costs.verify_cost(9) == pytest.approx(0.121 + 7 * 0.1 * 0.048)
     assert costs.relative(5) == pytest.approx((0.121 + 3 * 0.1 * 0.048) / 0.048)
-    gentle = _observed({1: 0.048, 2: 0.060})  # a slope below a plain step is still extrapolated
-    assert gentle.verify_cost(9) == pytest.approx(0.060 + 7 * 0.012)
+    gentle = _observed({1: 0.048, 2: 0.060})  # 1 -> 2 alone: the lower of its slope and the prior's
+    assert gentle.verify_cost(9) == pytest.approx(0.060 + 7 * 0.0048)
+    flat = _observed({1: 0.048, 2: 0.049})
+    assert flat.verify_cost(9) == pytest.approx(0.049 + 7 * 0.001)
+
+
+def test_the_jump_from_one_token_to_two_is_not_extrapolated_as_a_per_token_cost():
+    """Widths 1, 2 and 4 measured on the Xeon VM at T 0.7 (50, 92, 127 ms): beyond 4 the slope is that of
+    widths 2 and 4 (17.5 ms per token; 9 tokens: 214 ms), not the least-squares slope through width 1
+    (24 ms per token: 248 ms); 9 tokens measured 143 ms there, so even this errs on the dear side."""
+    costs = _observed({1: 0.050, 2: 0.092, 4: 0.127})
+    assert costs.verify_cost(9) == pytest.approx(0.127 + 5 * 0.0175)
 
 
 def test_a_sure_draft_is_drafted_wide_after_a_slow_two_token_block():
@@ -358,6 +371,19 @@ def test_the_policy_explores_a_wider_width_within_a_bounded_number_of_steps():
     assert len(explored) == 2 and all(k >= 2 for k in explored)  # then one plan in 16
     for width, seconds in LATER_WIDTHS.items():  # measured: 103-124 ms, too dear for acceptance 0.6
         costs.observe_verify(width, seconds)
+    assert [plan([RowPlan(policy, None, 8)], costs)[0] for _ in range(2 * EXPLORE_EVERY)] == [0] * (2 * EXPLORE_EVERY)
+
+
+def test_exploring_measures_the_widest_winning_block_so_one_exploration_prices_every_width():
+    """Widths 1-3 measured dear (48, 121, 135 ms: the 2- and 3-token blocks of the Xeon VM at T 0.7), so
+    their slope (14 ms per token) prices 9 tokens at 219 ms: no draft pays at acceptance 0.6 / 0.6. At
+    the growth prior's price several unmeasured widths would; the plan explores the widest of them (8
+    draft tokens), and once that is measured (146 ms) every narrower width is interpolated: no more
+    exploring."""
+    costs = _observed({1: 0.048, 2: 0.121, 3: 0.135})
+    policy = _policy(0.6, 0.6, costs)
+    assert plan([RowPlan(policy, None, 8)], costs) == [8]
+    costs.observe_verify(9, 0.146)
     assert [plan([RowPlan(policy, None, 8)], costs)[0] for _ in range(2 * EXPLORE_EVERY)] == [0] * (2 * EXPLORE_EVERY)
 
 
@@ -409,3 +435,54 @@ def test_an_engine_whose_first_sample_is_a_slow_two_token_block_still_drafts():
     assert result.token_ids == plain
     assert result.stats.drafted_per_position[2] > 0  # blocks of 4 tokens or more were verified
     assert result.stats.target_calls <= 20  # 40 tokens in at most 20 calls: drafting, not plain decoding
+
+
+def test_a_new_request_starts_from_what_earlier_requests_saw_of_each_evidence_level():
+    from genspec.draft_length import AcceptanceMemory
+
+    memory = AcceptanceMemory()
+    first = DraftLength("cost", k_max=8, memory=memory)
+    for _ in range(20):
+        first.update(drafted=4, accepted=0, evidence=1)  # weak lookups: always wrong
+        first.update(drafted=4, accepted=4, evidence=4)  # strong ones: always right
+    fresh = DraftLength("cost", k_max=8)
+    later = DraftLength("cost", k_max=8, memory=memory)
+    assert fresh.estimate(1).rate_first == pytest.approx(0.5)
+    assert later.estimate(1).rate_first < 0.05
+    assert later.estimate(4).rate_first > 0.95 and later.estimate(4).rate_later > 0.95
+    assert memory.rates("never seen") == (None, None)
+    later.shadow([7], [8], evidence=2)  # shadows teach the memory too
+    assert memory.rates(2) == (0.0, None)
+
+
+def test_an_engine_does_not_pay_again_for_weak_drafts_an_earlier_request_showed_to_fail():
+    """The weak proposals of the Oracle below are always wrong. A fresh engine verifies a few of them
+    before its estimate drops; the same engine's next request starts from that experience and verifies
+    none (a free drafter's unverified proposals are scored all the same). Outputs equal plain decoding."""
+    from genspec.drafters.base import Draft, Drafter
+
+    class Synthetic(CostModel):
+        def observe_verify(self, width, seconds, batch=1):
+            self.verify[(batch, width)] = 1 + 0.1 * (width - 1)
+
+    target, prompt, plain = _plain_run(40)
+
+    class Oracle(Drafter):
+        name, free = "oracle", True
+
+        def propose(self, requests):
+            done = len(requests[0].sequence) - len(prompt[0])
+            truth = plain[done:done + requests[0].max_tokens]
+            strong = done % 3 == 0
+            return Draft.from_chains([[truth if strong else [(t + 1) % 256 for t in truth]]],
+                                     evidence=[4 if strong else 1])
+
+    engine = SpeculativeEngine(target, Oracle(), cost_model=Synthetic())
+
+    def weak_drafts_verified() -> int:
+        result = engine.generate_ids(prompt, max_new_tokens=40, eos_token_ids=(), num_draft_tokens=4)[0]
+        assert result.token_ids == plain
+        return result.stats.drafted_per_position[0] - result.stats.accepted_per_position[0]
+
+    assert weak_drafts_verified() >= 1
+    assert weak_drafts_verified() == 0
