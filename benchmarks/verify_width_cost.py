@@ -38,6 +38,13 @@ WIDTHS = range(1, 10)
 CONTEXT = 200
 
 
+def parse_widths(text: str) -> list[int]:
+    widths = sorted({int(w) for w in text.split(",") if w.strip()})
+    if not widths or widths[0] < 1:
+        raise argparse.ArgumentTypeError(f"widths must be integers >= 1, got {text!r}")
+    return widths
+
+
 def _cpu() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
         if line.startswith("model name"):
@@ -55,11 +62,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--widths", type=parse_widths, default=list(WIDTHS),
+                        help="block widths, comma-separated (default 1-9)")
     args = parser.parse_args()
+    widths = args.widths
 
     target = genspec.load_model(None)
     head = target.lm_head
-    text = target.tokenizer("The history of the printing press begins " * 40)["input_ids"][:CONTEXT + max(WIDTHS)]
+    text = target.tokenizer("The history of the printing press begins " * 40)["input_ids"][:CONTEXT + max(widths)]
     target.reset(1)
     target.forward(torch.tensor([text[:CONTEXT]]), last_only=True)
     target.commit_all()
@@ -79,19 +89,19 @@ def main() -> None:
         "W @ x.T": lambda x: (head.weight @ x.T).T,
     }
     linears = [m for m in target.decoder.modules() if isinstance(m, TransposedLinear)]
-    inputs = {n: torch.randn(max(WIDTHS), n) for n in {m.in_features for m in linears}}
+    inputs = {n: torch.randn(max(widths), n) for n in {m.in_features for m in linears}}
     layer_kernels = {
         "lin x @ W_t": lambda rows: [inputs[m.in_features][:rows] @ m.weight_t for m in linears],
         "lin W @ x.T": lambda rows: [(m.weight @ inputs[m.in_features][:rows].T).T for m in linears],
         "lin F.linear": lambda rows: [F.linear(inputs[m.in_features][:rows], m.weight) for m in linears],
     }
-    hidden = torch.randn(max(WIDTHS), head.weight.shape[1])
+    hidden = torch.randn(max(widths), head.weight.shape[1])
     times: dict[tuple[str, int], list[float]] = {}
     with torch.inference_mode():
-        for width in WIDTHS:  # warm-up
+        for width in widths:  # warm-up
             block(width, False)
         for _ in range(args.repeats):
-            for width in WIDTHS:
+            for width in widths:
                 times.setdefault(("verify", width), []).append(timed(lambda: block(width, False)))
                 times.setdefault(("decoder", width), []).append(timed(lambda: block(width, True)))
                 for name, kernel in kernels.items():
@@ -104,7 +114,7 @@ def main() -> None:
              f"{torch.get_num_threads()} threads, embedded model, context {CONTEXT}, "
              f"median / min of {args.repeats} (ms)",
              "width " + " ".join(f"{c:>13s}" for c in columns)]
-    for width in WIDTHS:
+    for width in widths:
         cells = (f"{statistics.median(times[(c, width)]):.0f} / {min(times[(c, width)]):.0f}" for c in columns)
         lines.append(f"{width:5d} " + " ".join(f"{cell:>13s}" for cell in cells))
     report = "\n".join(lines)

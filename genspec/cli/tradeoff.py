@@ -197,7 +197,7 @@ def _write(out: Path, args, records, settings, prompts, generations, scorer_name
              f"{len(prompts)} prompts x {args.samples} samples x {args.max_new_tokens} tokens")
     tradeoff_plot(records, out / "tradeoff.png", title)
     report = [f"# genspec tradeoff\n", f"`{command}`\n", f"{title}; {machine['logical_cores']}-core "
-              f"{machine['cpu_model']}; {elapsed / 60:.1f} min. tok/s were measured on a shared CPU: noisy.\n",
+              f"{machine['cpu_model']}; {elapsed / 60:.1f} min. tok/s depend on the machine's load at the time; rejection, bias and tokens per target call do not.\n",
               "## Speed and bias per setting\n", tradeoff.speed_table(records), ""]
     if any(r["win_rate"] for r in records):
         report += [f"## OPT's WinRate over UNO\n\nScorer: {scorer_name}; ties count half; Wilson 95% interval.\n",
