@@ -402,6 +402,7 @@ def test_repeated_traffic_replay_is_selectable_and_disjoint_from_the_measured_pr
     assert [p.question_id % 10 for p in replay] == [1, 2, 1, 2, 3, 3]  # turns 1, 2 per conversation, then repeats
     assert replay[1].follows == replay[0].question_id and replay[3].follows == replay[2].question_id
     assert replay[4].text == replay[0].text and replay[5].text == replay[2].text  # the same questions again
+    assert [p.history for p in replay] == [True, False, True, False, False, False]  # first turns: history
     assert "repeated" not in {p.category for p in load_spec_bench()}
     measured = {p.text for p in load_spec_bench(None, 2)}
     assert not measured & {p.text for p in load_spec_bench(["repeated"])}  # 24 conversations, none measured
@@ -418,7 +419,13 @@ def test_repeated_traffic_bench_learns_across_requests(tmp_path):
                  "--max-new-tokens", "24", "--repeats", "1", "-k", "4", "--draft-length", "fixed",
                  "--methods", "suffix,prompt-lookup", "--threads", "1", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
-    runs = {(r["method"], r["question_id"] % 10): r for r in results["runs"] if r["phase"] == "main"}
+    runs = {(r["method"], r["question_id"] % 10): r for r in results["runs"]}
+    # the first turn is history: decoded by every method, not counted in the category's figures
+    assert {r["phase"] for r in results["runs"] if r["question_id"] % 10 == 1} == {"history"}
+    assert {r["phase"] for r in results["runs"] if r["question_id"] % 10 != 1} == {"main"}
+    counted = {row["method"]: row["runs"] for row in results["summary"]["rows"] if row["category"] == "repeated"}
+    assert counted and all(n == 2 for n in counted.values())  # the second turn and the repeated question
+    assert "History: 1 request(s)" in (out / "report.md").read_text()
     assert all(r["matches_plain"] for r in runs.values() if r["kind"] == "genspec" and r["method"] != PLAIN)
     tokens = {p["question_id"] % 10: p["prompt_tokens"] for p in results["prompts"]}
     assert tokens[2] > tokens[1] + 24 - 1  # the first turn and its answer are in the second turn's context

@@ -10,7 +10,11 @@ first turn and the model's answer in context (multi-turn chat: the same document
 conversations, each first turn asked again (another user with the same question: the same answer
 again). The requests run in that order within one repeat, so drafters that learn across requests (the
 n-gram cache's process table, the suffix drafter's process cache) see the earlier ones, as in a server.
-Question ids: ``10 * MT-bench id + 1`` (first turn), ``+ 2`` (second turn), ``+ 3`` (first turn again).
+The first turns are the traffic's *history*: every method decodes them, in their place in the replay,
+but they are first-seen text like any Spec-Bench prompt, so the category's figures count the repeated
+requests only (second turns and repeated questions); the history's runs are kept in the results with
+phase ``history``. Question ids: ``10 * MT-bench id + 1`` (first turn), ``+ 2`` (second turn), ``+ 3``
+(first turn again).
 """
 from __future__ import annotations
 
@@ -36,6 +40,9 @@ class BenchPrompt:
     text: str
     #: the question id of an earlier prompt of the same list whose prompt and answer open this one
     follows: int | None = None
+    #: decoded by every method in its place (drafters that learn across requests see it) but not counted
+    #: in the figures: the history of a replayed traffic
+    history: bool = False
 
 
 def load_spec_bench(categories: list[str] | None = None, per_category: int | None = None) -> list[BenchPrompt]:
@@ -77,7 +84,7 @@ def repeated_traffic(rows: list[dict], conversations: int | None) -> list[BenchP
     replay = []
     for row in chosen:
         first = 10 * row["question_id"] + 1
-        replay.append(BenchPrompt(first, "repeated", row["turns"][0]))
+        replay.append(BenchPrompt(first, "repeated", row["turns"][0], history=True))
         replay.append(BenchPrompt(first + 1, "repeated", row["turns"][1], follows=first))
     replay += [BenchPrompt(10 * row["question_id"] + 3, "repeated", row["turns"][0]) for row in chosen]
     return replay

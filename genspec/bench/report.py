@@ -152,6 +152,12 @@ def write_report(results: dict) -> str:
     lines += _machine(results) + [""]
     if results.get("interrupted"):
         lines += ["**Interrupted**: only the prompts finished before the interruption are counted.", ""]
+    history = [p for p in results.get("prompts", []) if p.get("history")]
+    if history:
+        lines += [f"History: {len(history)} request(s) of a replayed traffic ("
+                  + ", ".join(f"{p['category']} #{p['question_id']}" for p in history)
+                  + ") were decoded by every method in their place, so drafters that learn across requests saw "
+                  "them, and are not counted in the figures (their runs have phase `history` in results.json).", ""]
     skipped = results.get("settings", {}).get("prompts_skipped") or []
     if skipped:
         lines += [f"Skipped {len(skipped)} prompt(s) that do not fit the model's context with the token budget: "

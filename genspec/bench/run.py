@@ -168,7 +168,9 @@ def execute(s: dict, prompts, console, command: str) -> dict:
                                                 on_progress=on_progress, rotation=index + repeat)
                         for record in batch:
                             record["repeat"] = repeat
-                            if any(record["method"] == d.name for d in extra):
+                            if prompt.history:
+                                record["phase"] = "history"
+                            elif any(record["method"] == d.name for d in extra):
                                 record["phase"] = "sweep"
                             records.append(record)
             except KeyboardInterrupt:  # keep what was measured: a long run stopped early still reports
@@ -199,7 +201,8 @@ def execute(s: dict, prompts, console, command: str) -> dict:
             "machine": machine_info(), "model": model_info(model_path, target), "settings": settings,
             "methods": [m.to_dict() for m in main_specs],
             "sweep_methods": [m.to_dict() for m in sweep_specs],
-            "prompts": [{"category": p.category, "question_id": p.question_id, "prompt_tokens": len(i)} for p, i in kept],
+            "prompts": [{"category": p.category, "question_id": p.question_id, "prompt_tokens": len(i),
+                         **({"history": True} if p.history else {})} for p, i in kept],
             "runs": records}
 
 

@@ -29,8 +29,20 @@ chunked ``bmm`` over a transposed copy, 3-12 rows (verifying a longer draft) use
 original weight (shared with the model, no copy), and more rows use the ``bmm`` again. All are exact
 fp32 products of the same numbers; only the summation order inside the BLAS differs (last-bit
 differences, as between any two batch sizes).
+
+Since the ranking differs between machines, a large head on the CPU picks its kernel per row count by
+timing: the first calls with a new row count alternate the two kernels (the logits they compute are the
+ones returned, so nothing is computed twice), and after ``TUNE_TRIALS`` calls of each the faster one
+(by its quickest call: noise only adds time) is kept for that row count. On the 2-core AMD EPYC VM of
+2026-11-25 (quiet; ``python benchmarks/verify_width_cost.py --widths 1,2,3,4,6,8,12,16,24,32 --repeats 5``,
+benchmarks/results/verify_width_cost_wide.txt) the fixed choice lost 11 ms of a 72 ms verify step at 2 rows
+(``bmm`` 32 ms, ``W @ x.T`` 21 ms) and 46 ms of 190 ms at 12 rows (``W @ x.T`` 109 ms, ``bmm`` 63 ms). Small
+heads (tests' random models) and heads on other devices keep the fixed choice above, deterministically.
 """
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -38,15 +50,24 @@ import torch
 CHUNK = 1024
 #: row counts for which ``W @ x.T`` is the faster kernel (not 2 rows: see the module's docstring)
 SMALL_GEMM_ROWS = range(3, 13)
+KERNELS = ("chunked", "gemm")
+#: heads with at least this many weights (vocabulary x hidden) time their kernels (the embedded model's:
+#: 262,144 x 640 = 168 M); below it a head call costs too little for the choice to matter
+TUNE_MIN_ELEMENTS = 1 << 24
+#: timed calls of each kernel before a row count's kernel is chosen
+TUNE_TRIALS = 2
 
 
 class LMHead:
     """Logits ``[..., V]`` of hidden states ``[..., H]`` for a head weight ``[V, H]`` (and optional bias).
 
     Holds the weight itself (a view, not a copy) and one transposed, chunked copy ``[C, H, CHUNK]``
-    (zero-padded at the end). Several models may share one head (self-drafts of the same target)."""
+    (zero-padded at the end). Several models may share one head (self-drafts of the same target).
+    ``tune``: time the kernels per row count (module docstring; default: a large head on the CPU);
+    ``clock``: the timer (tests give a fake one)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, tune: bool | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         weight = weight.detach()
         self.weight = weight if weight.is_contiguous() else weight.contiguous()
         self.bias = None if bias is None else bias.detach()
@@ -56,21 +77,57 @@ class LMHead:
         padded = self.weight.new_zeros(chunks * CHUNK, hidden)
         padded[:vocab] = self.weight
         self.chunked_t = padded.view(chunks, CHUNK, hidden).transpose(1, 2).contiguous()  # [C, H, CHUNK]
+        if tune is None:
+            tune = self.weight.device.type == "cpu" and self.weight.numel() >= TUNE_MIN_ELEMENTS
+        self.tune = tune
+        self._clock = clock
+        self._chosen: dict[int, str] = {}  # rows -> kernel, once timed
+        self._timings: dict[int, dict[str, list[float]]] = {}  # rows -> kernel -> seconds of its calls
 
     @staticmethod
-    def kernel(rows: int) -> str:
-        """The kernel used for ``rows`` rows: ``"gemm"`` (``W @ x.T``) or ``"chunked"`` (the ``bmm``)."""
+    def default_kernel(rows: int) -> str:
+        """The fixed choice for ``rows`` rows: ``"gemm"`` (``W @ x.T``) or ``"chunked"`` (the ``bmm``)."""
         return "gemm" if rows in SMALL_GEMM_ROWS else "chunked"
+
+    def kernel(self, rows: int) -> str:
+        """The kernel the next call with ``rows`` rows takes: the chosen one, or while timing, the one
+        with fewer timed calls (the fixed choice first)."""
+        chosen = self._chosen.get(rows)
+        if chosen is not None:
+            return chosen
+        if not self.tune:
+            return self.default_kernel(rows)
+        timings = self._timings.get(rows, {})
+        first = self.default_kernel(rows)
+        order = (first,) + tuple(k for k in KERNELS if k != first)
+        return min(order, key=lambda k: len(timings.get(k, ())))
+
+    def chosen(self) -> dict[int, str]:
+        """Row count -> kernel, for the row counts whose timing is done."""
+        return dict(self._chosen)
+
+    def _record(self, rows: int, kernel: str, seconds: float) -> None:
+        timings = self._timings.setdefault(rows, {k: [] for k in KERNELS})
+        timings[kernel].append(seconds)
+        if all(len(t) >= TUNE_TRIALS for t in timings.values()):
+            self._chosen[rows] = min(KERNELS, key=lambda k: min(timings[k]))
+            del self._timings[rows]
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         rows = hidden.reshape(-1, shape[-1])
-        if self.kernel(rows.shape[0]) == "gemm":
+        count = rows.shape[0]
+        kernel = self.kernel(count)
+        timing = self.tune and count not in self._chosen
+        start = self._clock() if timing else 0.0
+        if kernel == "gemm":
             logits = (self.weight @ rows.T).T
         else:
             chunks = self.chunked_t.shape[0]
             out = torch.bmm(rows.unsqueeze(0).expand(chunks, -1, -1), self.chunked_t)  # [C, R, CHUNK]
-            logits = out.transpose(0, 1).reshape(rows.shape[0], -1)[:, :self.vocab_size]
+            logits = out.transpose(0, 1).reshape(count, -1)[:, :self.vocab_size]
+        if timing:
+            self._record(count, kernel, self._clock() - start)
         if self.bias is not None:
             logits = logits + self.bias
         return logits.reshape(*shape[:-1], self.vocab_size)

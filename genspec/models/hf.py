@@ -17,6 +17,7 @@ stored contiguous), which is exact and faster for the 1-16 row products of decod
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 from pathlib import Path
 
@@ -68,6 +69,10 @@ class HFCausalLM(CausalLM):
         self._decoder = decoder if decoder is not None else (
             model.get_decoder() if hasattr(model, "get_decoder") else model.model)
         config = self._decoder.config
+        # transformers 5.x renamed the decoder's cache argument (``past_key_values`` warns from 5.2x and goes
+        # in 5.40); older versions only know the old name
+        self._cache_kwarg = ("cache" if "cache" in inspect.signature(self._decoder.forward).parameters
+                             else "past_key_values")
         self.config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         head = model.get_output_embeddings()
         head_weight = head.weight() if callable(head.weight) else head.weight  # quantised heads: a method
@@ -387,11 +392,11 @@ class HFCausalLM(CausalLM):
         with torch.inference_mode():
             if prefix is None:
                 out = self._decoder(input_ids=tokens, attention_mask=self._mask_argument(masks),
-                                    position_ids=query_positions, past_key_values=self.cache, use_cache=True)
+                                    position_ids=query_positions, use_cache=True, **{self._cache_kwarg: self.cache})
             else:
                 out = self._tail(prefix.num_layers)(
                     inputs_embeds=prefix.hidden.to(self.device, self.dtype), attention_mask=self._mask_argument(masks),
-                    position_ids=query_positions, past_key_values=self.cache, use_cache=True)
+                    position_ids=query_positions, use_cache=True, **{self._cache_kwarg: self.cache})
                 for layer, (keys, values) in enumerate(zip(prefix.keys, prefix.values)):
                     self.cache.update(keys.to(self.device), values.to(self.device), layer)
         self.slot_positions = torch.cat([self.slot_positions, torch.full_like(tokens, -1)], dim=1)
