@@ -215,13 +215,15 @@ class Acceptance:
         self.first = [prior_first * prior_weight, prior_weight]  # accepted, tested
         self.later = [prior_later * prior_weight, prior_weight]
 
+    # the counts are discounted sums rounded separately, so "accepted / tested" may round to just above 1
+    # when every draft was kept (1.0000000000000002 broke Leviathan's formula mid-benchmark): rates are capped
     @property
     def rate_first(self) -> float:
-        return self.first[0] / self.first[1]
+        return min(1.0, self.first[0] / self.first[1])
 
     @property
     def rate_later(self) -> float:
-        return self.later[0] / self.later[1]
+        return min(1.0, self.later[0] / self.later[1])
 
     def record(self, drafted: int, accepted: int) -> None:
         d = self.decay
@@ -229,7 +231,7 @@ class Acceptance:
         if accepted > 0 and drafted > 1:
             tested = accepted - 1 + (1 if accepted < drafted else 0)
             if tested:
-                self.later = [d * self.later[0] + accepted - 1, d * self.later[1] + tested]
+                self.later = [d * self.later[0] + (accepted - 1), d * self.later[1] + tested]
 
     def expected_tokens(self, k: int) -> float:
         """Leviathan's expected tokens per target call with these two rates (the theory's formula)."""

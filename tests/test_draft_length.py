@@ -486,3 +486,24 @@ def test_an_engine_does_not_pay_again_for_weak_drafts_an_earlier_request_showed_
 
     assert weak_drafts_verified() >= 1
     assert weak_drafts_verified() == 0
+
+
+def test_acceptance_rates_stay_probabilities_when_every_draft_is_kept():
+    """Discounted counts round separately: with every draft kept, 'accepted / tested' rounded to
+    1.0000000000000002 in the memory, the next request's estimate started above 1 and Leviathan's formula
+    refused it, failing every later request of the suffix drafter in a repeated-traffic benchmark."""
+    from genspec.draft_length import Acceptance, AcceptanceMemory
+
+    memory = AcceptanceMemory()
+    for i in range(2000):
+        drafted = (3, 7, 9, 12, 5)[i % 5]
+        memory.record(16, drafted, drafted)
+        first, later = memory.rates(16)
+        assert 0.0 <= first <= 1.0 and 0.0 <= later <= 1.0
+    policy = DraftLength("cost", 24, memory=memory)
+    assert policy.estimate(16).rate_later <= 1.0
+    assert policy.expected_tokens(24, 16) == pytest.approx(25.0)  # all kept: 1 + 24
+    counts = Acceptance(0.0, 0.0, 0.0, 0.98)
+    for i in range(2000):
+        counts.record((3, 7, 9)[i % 3], (3, 7, 9)[i % 3])
+        assert counts.rate_later <= 1.0 and counts.expected_tokens(8) <= 9.0
