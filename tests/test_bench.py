@@ -456,3 +456,18 @@ def test_sampled_bench_with_top_p_applies_it_to_every_method_and_records_it(tmp_
     assert "top-p 0.9" in (out / "report.md").read_text()
     assert all(r["error"] is None for r in results["runs"])
 
+
+
+def test_skip_prompts_takes_the_prompts_the_default_run_does_not_measure(capsys):
+    """``--skip-prompts N`` leaves out each category's first N prompts (and the replay's first N
+    conversations), so a tuning run never sees what the default benchmark measures."""
+    from genspec.bench.prompts import load_spec_bench
+
+    measured = load_spec_bench(None, 2)
+    tuning = load_spec_bench(None, 2, skip=2)
+    assert len(tuning) == len(measured) == 26 and not {p.question_id for p in tuning} & {p.question_id for p in measured}
+    assert [p.question_id for p in tuning] == [p.question_id for p in load_spec_bench(None, 4) if p not in measured]
+    replay, later = load_spec_bench(["repeated"], 2), load_spec_bench(["repeated"], 2, skip=2)
+    assert not {p.question_id for p in replay} & {p.question_id for p in later} and len(later) == 6
+    assert main(["bench", "--skip-prompts", "-1", "--quick"]) == 2
+    assert "--skip-prompts must be >= 0" in capsys.readouterr().err

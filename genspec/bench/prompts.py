@@ -45,8 +45,12 @@ class BenchPrompt:
     history: bool = False
 
 
-def load_spec_bench(categories: list[str] | None = None, per_category: int | None = None) -> list[BenchPrompt]:
-    """First-turn prompts, in file order, optionally filtered by category and capped per category."""
+def load_spec_bench(categories: list[str] | None = None, per_category: int | None = None,
+                    skip: int = 0) -> list[BenchPrompt]:
+    """First-turn prompts, in file order, optionally filtered by category and capped per category.
+    ``skip``: leave out each category's first ``skip`` prompts (and the replay's first ``skip``
+    conversations): tuning runs take prompts that the default benchmark, which measures the first ones,
+    does not."""
     wanted = list(categories) if categories else list(CATEGORIES)
     unknown = [c for c in wanted if c not in ALL_CATEGORIES]
     if unknown:
@@ -55,32 +59,36 @@ def load_spec_bench(categories: list[str] | None = None, per_category: int | Non
         raise ConfigError("no categories selected")
     if per_category is not None and per_category < 1:
         raise ConfigError(f"number of prompts per category must be >= 1, got {per_category}")
+    if skip < 0:
+        raise ConfigError(f"prompts to skip per category must be >= 0, got {skip}")
     data = resources.files("genspec") / "data"
     lines = (data / "spec_bench" / "question.jsonl").read_text(encoding="utf-8").splitlines()
     if "edit" in wanted:
         lines += (data / "edit_task" / "question.jsonl").read_text(encoding="utf-8").splitlines()
-    taken: dict[str, int] = {}
+    seen: dict[str, int] = {}
     prompts = []
     for line in lines:
         row = json.loads(line)
         category = row["category"]
-        if category not in wanted or (per_category is not None and taken.get(category, 0) >= per_category):
+        if category not in wanted:
             continue
-        taken[category] = taken.get(category, 0) + 1
+        seen[category] = seen.get(category, 0) + 1
+        if seen[category] <= skip or (per_category is not None and seen[category] > skip + per_category):
+            continue
         prompts.append(BenchPrompt(row["question_id"], category, row["turns"][0]))
     if "repeated" in wanted:
-        prompts += repeated_traffic([json.loads(line) for line in lines], per_category)
+        prompts += repeated_traffic([json.loads(line) for line in lines], per_category, skip)
     return prompts
 
 
-def repeated_traffic(rows: list[dict], conversations: int | None) -> list[BenchPrompt]:
-    """The ``repeated`` replay (module docstring) of the first ``conversations`` conversations."""
+def repeated_traffic(rows: list[dict], conversations: int | None, skip: int = 0) -> list[BenchPrompt]:
+    """The ``repeated`` replay (module docstring) of ``conversations`` conversations after the first ``skip``."""
     by_category: dict[str, list[dict]] = {}
     for row in rows:
         if len(row.get("turns", ())) >= 2:
             by_category.setdefault(row["category"], []).append(row)
     chosen = [rows_[i] for i in REPEATED_POSITIONS for rows_ in by_category.values() if i < len(rows_)]
-    chosen = chosen[:conversations] if conversations is not None else chosen
+    chosen = chosen[skip:skip + conversations] if conversations is not None else chosen[skip:]
     replay = []
     for row in chosen:
         first = 10 * row["question_id"] + 1

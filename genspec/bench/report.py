@@ -112,7 +112,8 @@ def _machine(results: dict) -> list[str]:
         f"- Target: `{model.get('path', '?')}` ({model.get('architecture', '?')}, {model.get('num_layers', '?')} "
         f"layers, vocabulary {model.get('vocab_size', '?')}, {model.get('dtype', '?')})"
         + (f"; draft model `{s['draft_model']}`" if s.get("draft_model") else "") + ".",
-        f"- Prompts: Spec-Bench, {s.get('num_prompts', '?')} per category, categories: "
+        f"- Prompts: Spec-Bench, {s.get('num_prompts', '?')} per category"
+        + (f" after each category's first {s['skip_prompts']}" if s.get("skip_prompts") else "") + ", categories: "
         f"{', '.join(s.get('categories', []))}; {s.get('max_new_tokens', '?')} new tokens at most; "
         f"temperature {s.get('temperature', 0)} ({'greedy' if not s.get('temperature') else 'sampling'}"
         + (f", top-p {s['top_p']}" if s.get("top_p", 1.0) != 1.0 and s.get("temperature") else "") + "), "

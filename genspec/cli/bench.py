@@ -49,6 +49,9 @@ def add_parser(subparsers) -> None:
                        help="Spec-Bench categories (default: all 13), and/or genspec's grammar-correction task 'edit' and "
                             "the repeated-traffic replay 'repeated' (multi-turn chat and repeated questions)")
     bench.add_argument("--num-prompts", type=int, metavar="N", help="prompts per category (default 2)")
+    bench.add_argument("--skip-prompts", type=int, default=0, metavar="N",
+                       help="leave out each category's first N prompts (default 0): tune on prompts that the "
+                            "default run, which measures the first ones, does not")
     bench.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens per prompt at most (default 128)")
     bench.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     bench.add_argument("--top-p", type=float, default=1.0, metavar="P",
@@ -100,6 +103,8 @@ def resolve_settings(args) -> dict:
                       ("repeats", "--repeats"), ("sweep_prompts", "--sweep-prompts")):
         if pick[key] < 1:
             raise ConfigError(f"{flag} must be >= 1, got {pick[key]}")
+    if args.skip_prompts < 0:
+        raise ConfigError(f"--skip-prompts must be >= 0, got {args.skip_prompts}")
     if args.num_draft_tokens < 1:
         raise ConfigError(f"-k must be >= 1, got {args.num_draft_tokens}")
     if args.temperature < 0:
@@ -124,7 +129,8 @@ def resolve_settings(args) -> dict:
         else:
             raise ConfigError("--k-sweep needs a genspec method: add one to --methods or give --sweep-method")
     return {"model": args.model, "draft_model": args.draft_model, "methods": methods, "categories": categories,
-            "num_prompts": pick["num_prompts"], "max_new_tokens": pick["max_new_tokens"],
+            "num_prompts": pick["num_prompts"], "skip_prompts": args.skip_prompts,
+            "max_new_tokens": pick["max_new_tokens"],
             "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "repeats": pick["repeats"],
             "num_draft_tokens": args.num_draft_tokens, "draft_length": args.draft_length,
             "k_sweep": sweep_ks, "sweep_method": sweep_method, "sweep_prompts": pick["sweep_prompts"],
@@ -150,7 +156,9 @@ def command_line(s: dict) -> str:
     if s["draft_model"]:
         parts += ["--draft-model", str(s["draft_model"])]
     parts += ["--methods", ",".join(m.name for m in s["methods"]), "--categories", ",".join(s["categories"]),
-              "--num-prompts", str(s["num_prompts"]), "--max-new-tokens", str(s["max_new_tokens"]),
+              "--num-prompts", str(s["num_prompts"]),
+              *(["--skip-prompts", str(s["skip_prompts"])] if s.get("skip_prompts") else []),
+              "--max-new-tokens", str(s["max_new_tokens"]),
               "--temperature", str(s["temperature"]), "--seed", str(s["seed"]), "--repeats", str(s["repeats"]),
               "-k", str(s["num_draft_tokens"]), "--draft-length", s["draft_length"]]
     if s.get("top_p", 1.0) != 1.0:
@@ -176,7 +184,7 @@ def run_bench(args) -> int:
     check_output_dir(settings["out"])
     from genspec.bench.prompts import load_spec_bench
 
-    prompts = load_spec_bench(settings["categories"], settings["num_prompts"])
+    prompts = load_spec_bench(settings["categories"], settings["num_prompts"], settings["skip_prompts"])
     started = time.perf_counter()
     import torch
 
