@@ -311,7 +311,12 @@ class SuffixDrafter(CandidateDrafter):
     ``sampled_candidates`` for sampled ones (several continuations verified as one tree: one of them
     is likelier to be the token the target draws); ``max_nodes`` most nodes of the tree; ``min_prob``
     least share of the matched occurrences a node's path must have; ``factor`` draft depth per matched
-    token; ``max_match`` longest suffix matched; ``max_scan`` most recent occurrences read per lookup;
+    token (2 by default: tuned on prompts ``genspec bench`` does not measure, ``genspec bench
+    --skip-prompts 5 --num-prompts 1 --max-new-tokens 128 --repeats 1 --methods
+    "suffix,suffix:factor=2,suffix:factor=4,ngram-cache,prompt-lookup"``, embedded model, 2-core AMD EPYC:
+    1.95x / 2.08x / 2.07x plain for factor 1 / 2 / 4, benchmarks/results/tune_suffix_factor; the cost
+    policy already cuts a draft whose later tokens fail, so a depth cap of one token per matched token
+    stopped good drafts early); ``max_match`` longest suffix matched; ``max_scan`` most recent occurrences read per lookup;
     ``cache_tokens`` the process cache's cap (FIFO eviction of whole requests); ``learn`` whether this
     drafter's finished requests go to the process cache; ``namespace`` which process cache (one per
     tokenizer by default). Evidence: the match length's level (:func:`match_level`; 0: no draft).
@@ -320,7 +325,7 @@ class SuffixDrafter(CandidateDrafter):
     name = "suffix"
 
     def __init__(self, num_candidates: int = 2, sampled_candidates: int = 4, max_nodes: int = 12,
-                 min_prob: float = 0.1, factor: float = 1.0, max_match: int = 32, max_scan: int = 256,
+                 min_prob: float = 0.1, factor: float = 2.0, max_match: int = 32, max_scan: int = 256,
                  cache_tokens: int = 1_000_000, learn: bool = True, namespace: str = "default"):
         check_candidates(sampled_candidates)
         super().__init__(max(int(num_candidates), int(sampled_candidates)))
