@@ -22,7 +22,8 @@ dropped and strong ones drafted long, in the same request. A drafter that costs 
 before the policy decides (the decision can use the evidence) and is scored on what it would have
 proposed when nothing is verified (a new evidence level starts no higher than what the row's
 other levels have shown, so a request where lookups are mostly wrong does not pay to learn each level); a costly one is asked for the policy's k and, when switched off,
-probed with a single token after 8, 16, 32, ... idle steps.
+probed with a single token after 8, 16, 32, ... idle steps (until its time is measured, a draft position is priced
+at half a plain step: a new engine does not draft blind with it).
 
 Before anything is measured the policy assumes verifying k + 1 tokens costs ``1 + 0.1 k`` plain
 steps (near what the embedded model measures on a CPU: 1.12x for 2 tokens, 1.32x for 8), so the
@@ -192,11 +193,25 @@ def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
 
 
 class DraftCost:
-    """A costly drafter's time per draft position (one pass of its model over its rows), averaged."""
+    """A costly drafter's time per draft position (one pass of its model over its rows), averaged.
 
-    def __init__(self, decay: float = 0.8):
+    Until measured, a position is priced at ``prior_steps`` plain steps (0.5: early exit at layer 4 of 18
+    and layer skip also run the 262k-token head per draft position, the int8 copy measured 0.9). It was
+    priced at nothing, so a new engine's first step drafted as if the drafter were free: on 32-token
+    answers, early exit and layer skip on a fresh engine (as ``genspec generate`` has) ran at 0.82-0.88x
+    plain, accepting nothing (``python benchmarks/fresh_request_cost.py``, 2-core AMD EPYC). At this price
+    a fresh engine does not draft blind; it probes one token after a few steps and prices from then on."""
+
+    def __init__(self, decay: float = 0.8, prior_steps: float = 0.5):
         self.decay = decay
+        self.prior_steps = prior_steps
         self.per_position: float | None = None
+
+    def steps(self, step_seconds: float) -> float:
+        """Time per draft position in plain steps of ``step_seconds`` (the prior until measured)."""
+        if self.per_position is None or not step_seconds:
+            return self.prior_steps
+        return self.per_position / step_seconds
 
     def observe(self, positions: int, seconds: float) -> None:
         if positions <= 0:
@@ -412,8 +427,8 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
             if r.draft_cost is not None and k:
                 cost, most = longest.get(id(r.draft_cost), (r.draft_cost, 0))
                 longest[id(r.draft_cost)] = (cost, max(most, k))
-        draft_time = sum((c.per_position or 0.0) * k for c, k in longest.values())
-        return tokens / (relative(1 + max(lengths)) + (draft_time / step if step else 0.0))
+        draft_steps = sum(c.steps(step) * k for c, k in longest.values())
+        return tokens / (relative(1 + max(lengths)) + draft_steps)
 
     best, best_rate = list(ks), rate(ks) * (MARGIN if not any(ks) else 1.0)
     top = 1 + max(min(rows[i].cap, rows[i].policy.k_max) for i in costed)

@@ -507,3 +507,22 @@ def test_acceptance_rates_stay_probabilities_when_every_draft_is_kept():
     for i in range(2000):
         counts.record((3, 7, 9)[i % 3], (3, 7, 9)[i % 3])
         assert counts.rate_later <= 1.0 and counts.expected_tokens(8) <= 9.0
+
+
+def test_an_unmeasured_costly_drafter_is_priced_at_its_prior_not_free():
+    """A new engine knows nothing of its drafter's cost. Priced at nothing, its first step drafted as if the
+    drafter were free (early exit and layer skip, accepting nothing, ran at 0.82-0.88x plain on 32-token
+    answers on a fresh engine: benchmarks/results/fresh_request_cost_before.md). At the prior (half a plain
+    step per position) the prior acceptance does not pay: no blind draft, a one-token probe later; once
+    measured cheap, the same acceptance drafts."""
+    costs = CostModel()
+    costs.observe_verify(1, 0.1)
+    free, costly = DraftLength("cost", 8, costs), DraftLength("cost", 8, costs, DraftCost())
+    assert free.limit(probe=False) > 0  # the prior acceptance pays for a drafter that costs nothing
+    assert costly.limit(probe=False) == 0
+    assert [costly.limit() for _ in range(8)] == [0] * 7 + [1]  # probed with one token after 8 idle steps
+    assert DraftCost().steps(0.1) == 0.5
+    cheap = DraftCost()
+    cheap.observe(positions=4, seconds=0.04)  # a tenth of a plain step per position
+    assert cheap.steps(0.1) == pytest.approx(0.1)
+    assert DraftLength("cost", 8, costs, cheap).limit(probe=False) > 0
