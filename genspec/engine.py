@@ -339,7 +339,7 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.max_batch_size = max_batch_size
         self.costs = cost_model or CostModel()  # the target's verify costs, by block size
-        self.draft_costs = {name: DraftCost() for name in self.drafters}
+        self.draft_costs = {name: DraftCost(prior_steps=d.draft_cost_prior) for name, d in self.drafters.items()}
         # what each drafter's proposals achieved in earlier requests, greedy and sampled apart
         self.acceptance_memory = {(name, greedy): AcceptanceMemory() for name in self.drafters for greedy in (True, False)}
         self._waiting: list[_Request] = []

@@ -32,8 +32,9 @@ def test_greedy_medusa_equals_plain_decoding(tiny_target, tree_nodes, batch):
     prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]][:batch]
     plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
     drafter = MedusaDrafter(tiny_target, _heads(), list(range(3, 64)), tree_nodes=tree_nodes, tree_top_k=3)
+    # fixed k = 4: the drafts' depth is the drafter's (its 3 heads), not the cost policy's choice
     spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=4,
-                                                                eos_token_ids=())
+                                                                draft_length="fixed", eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
     assert sum(s.stats.drafted_tokens for s in spec) > 0
     depth = max(len(s.stats.drafted_per_position) for s in spec)

@@ -220,6 +220,10 @@ class Drafter(ABC):
     #: proposing costs next to nothing (no model runs): the engine lets it propose before the draft-length
     #: policy decides, so the policy can weigh the proposal's evidence, and scores unverified proposals
     free: bool = False
+    #: a costly drafter's time per draft position, in plain target steps, assumed until the engine has
+    #: measured it (:class:`genspec.draft_length.DraftCost`): a model the size of half the target by default
+    #: (early exit and layer skip also run the full head); heads on the target's features cost far less
+    draft_cost_prior: float = 0.5
     #: most candidate chains per row in a :class:`Draft` (1: always a single chain)
     max_candidates: int = 1
     #: per-request options a request may pass (``GenerationConfig.drafter_options``)

@@ -23,6 +23,8 @@ class HybridDrafter(Drafter):
     name = "hybrid"
     free = False
     reads_target_hidden = True
+    #: one small layer (or residual blocks) and a truncated head per position: a few hundredths of a step
+    draft_cost_prior = 0.1
 
     def __init__(self, lookup: PromptLookupDrafter, head: HeadDrafter, min_match: int = 3):
         if int(min_match) != min_match or min_match < 1:

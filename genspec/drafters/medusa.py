@@ -25,6 +25,8 @@ class MedusaDrafter(Drafter):
     name = "medusa"
     free = False
     reads_target_hidden = True
+    #: one small layer (or residual blocks) and a truncated head per position: a few hundredths of a step
+    draft_cost_prior = 0.1
 
     def __init__(self, target, heads: MedusaHeads, vocab_ids: list[int], tree_nodes: int = 0, tree_top_k: int = 4):
         if int(tree_nodes) != tree_nodes or tree_nodes < 0 or int(tree_top_k) != tree_top_k or tree_top_k < 1:
