@@ -23,7 +23,7 @@ before the policy decides (the decision can use the evidence) and is scored on w
 proposed when nothing is verified (a new evidence level starts no higher than what the row's
 other levels have shown, so a request where lookups are mostly wrong does not pay to learn each level); a costly one is asked for the policy's k and, when switched off,
 probed with a single token after 8, 16, 32, ... idle steps (until its time is measured, a draft position is priced
-at half a plain step: a new engine does not draft blind with it).
+at what the drafter declares, ``Drafter.draft_cost_prior``: a new engine does not draft blind with it).
 
 Before anything is measured the policy assumes verifying k + 1 tokens costs ``1 + 0.1 k`` plain
 steps (near what the embedded model measures on a CPU: 1.12x for 2 tokens, 1.32x for 8), so the
@@ -195,8 +195,9 @@ def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
 class DraftCost:
     """A costly drafter's time per draft position (one pass of its model over its rows), averaged.
 
-    Until measured, a position is priced at ``prior_steps`` plain steps (0.5: early exit at layer 4 of 18
-    and layer skip also run the 262k-token head per draft position, the int8 copy measured 0.9). It was
+    Until measured, a position is priced at ``prior_steps`` plain steps (the drafter's ``draft_cost_prior``;
+    0.5 by default: early exit at layer 4 of 18 and layer skip also run the 262k-token head per draft
+    position, the int8 copy measured 0.9). It was
     priced at nothing, so a new engine's first step drafted as if the drafter were free: on 32-token
     answers, early exit and layer skip on a fresh engine (as ``genspec generate`` has) ran at 0.82-0.88x
     plain, accepting nothing (``python benchmarks/fresh_request_cost.py``, 2-core AMD EPYC). At this price

@@ -13,6 +13,7 @@ from __future__ import annotations
 from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
 from genspec.drafters.head import HeadDrafter
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
+from genspec.drafters.trained import FEATURE_HEAD_COST_PRIOR
 from genspec.errors import ConfigError
 
 
@@ -23,8 +24,7 @@ class HybridDrafter(Drafter):
     name = "hybrid"
     free = False
     reads_target_hidden = True
-    #: one small layer (or residual blocks) and a truncated head per position: a few hundredths of a step
-    draft_cost_prior = 0.1
+    draft_cost_prior = FEATURE_HEAD_COST_PRIOR
 
     def __init__(self, lookup: PromptLookupDrafter, head: HeadDrafter, min_match: int = 3):
         if int(min_match) != min_match or min_match < 1:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
-from genspec.drafters.trained import TreeNode, best_paths, chains_draft, draw, load_for_target
+from genspec.drafters.trained import FEATURE_HEAD_COST_PRIOR, TreeNode, best_paths, chains_draft, draw, load_for_target
 from genspec.errors import ConfigError
 from genspec.models.draft_head import MedusaHeads
 
@@ -25,8 +25,7 @@ class MedusaDrafter(Drafter):
     name = "medusa"
     free = False
     reads_target_hidden = True
-    #: one small layer (or residual blocks) and a truncated head per position: a few hundredths of a step
-    draft_cost_prior = 0.1
+    draft_cost_prior = FEATURE_HEAD_COST_PRIOR
 
     def __init__(self, target, heads: MedusaHeads, vocab_ids: list[int], tree_nodes: int = 0, tree_top_k: int = 4):
         if int(tree_nodes) != tree_nodes or tree_nodes < 0 or int(tree_top_k) != tree_top_k or tree_top_k < 1:
