@@ -66,6 +66,9 @@ from genspec.theory.leviathan import expected_tokens_per_call
 POLICIES = ("fixed", "heuristic", "cost")
 #: how much faster than plain decoding the cost policy's estimate must be before it drafts at all
 MARGIN = 1.1
+#: a probe of a switched-off costly drafter may cost at most this share of the plain decoding time its
+#: request has left (:func:`probe_affordable`): issue 16's bound for drafters that turn out useless
+PROBE_SHARE = 0.1
 #: after the first, one plan in this many (among those where a width not yet measured would win at the
 #: growth prior's cost) drafts that width to measure it: exploring a 2.5-plain-step block that gains 1.5
 #: tokens wastes about one step, so at most ~1/16 of a step per step while a width is unmeasured
@@ -89,6 +92,7 @@ class CostModel:
         self.growth_prior = growth_prior
         self.explore_every = explore_every
         self.verify: dict[tuple[int, int], float] = {}  # (batch, width) -> seconds
+        self.prefill_per_token: float | None = None  # the target's prefill, seconds per prompt token
         self._explore_wait: dict[int, int] = {}  # batch -> plans since the last exploration
 
     def widest(self, batch: int = 1) -> int:
@@ -106,6 +110,12 @@ class CostModel:
         wait = self._explore_wait.get(batch, self.explore_every - 1) + 1
         self._explore_wait[batch] = 0 if wait >= self.explore_every else wait
         return wait >= self.explore_every
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """The target read ``tokens`` prompt tokens in ``seconds`` (a join's prefill)."""
+        if tokens > 0:
+            value, old = seconds / tokens, self.prefill_per_token
+            self.prefill_per_token = value if old is None else self.decay * old + (1 - self.decay) * value
 
     def observe_verify(self, width: int, seconds: float, batch: int = 1) -> None:
         old = self.verify.get((batch, width))
@@ -220,6 +230,24 @@ class DraftCost:
         value = seconds / positions
         old = self.per_position
         self.per_position = value if old is None else self.decay * old + (1 - self.decay) * value
+
+
+def probe_affordable(draft_cost: DraftCost, costs: CostModel, batch: int, read_tokens: int, room: int) -> bool:
+    """May a switched-off costly drafter be probed for a request with ``room`` tokens left to generate,
+    when it must first read ``read_tokens`` of the request (:meth:`Drafter.catch_up_tokens`)? The probe
+    costs its draft position and that reading, each priced at the drafter's cost per position (a model
+    reads a prompt token for about what the target's prefill pays per token, times the drafter's size
+    relative to the target); it is made only if that is at most ``PROBE_SHARE`` of the plain decoding
+    time left. A useless drafter then costs about a tenth of plain speed at most: a fresh engine's layer
+    skip read each rag prompt (~1,500 tokens, about 2.4 s of target prefill) to probe a 32-token answer and
+    ran at 0.85x plain (benchmarks/results/fresh_request_cost.md). A probe of a request with a long prompt
+    and a short answer is skipped: the drafter could not win that time back."""
+    step = costs.verify_cost(1, batch)
+    if not step:
+        return True
+    per_position = draft_cost.steps(step)
+    reading = read_tokens * (costs.prefill_per_token or step) / step
+    return per_position * (1 + reading) <= PROBE_SHARE * room
 
 
 class Acceptance:

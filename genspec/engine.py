@@ -23,8 +23,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from genspec.acceptance import Verdict, check_rule, is_lossless, verify
-from genspec.draft_length import POLICIES, AcceptanceMemory, CostModel, DraftCost, DraftLength, RowPlan, plan
-from genspec.drafters.base import Draft, DraftBlock, Drafter, DraftRequest, RequestContext
+from genspec.draft_length import (POLICIES, AcceptanceMemory, CostModel, DraftCost, DraftLength, RowPlan, plan,
+                                  probe_affordable)
+from genspec.drafters.base import DEFAULT_DRAFT_TOKENS, Draft, DraftBlock, Drafter, DraftRequest, RequestContext
 from genspec.errors import ConfigError, ContextLengthError, GenerationError, GenspecError, NumericalError
 from genspec.models.base import CausalLM
 from genspec.randomness import RequestRandomness
@@ -59,7 +60,7 @@ class GenerationConfig:
     """
 
     max_new_tokens: int = 64
-    num_draft_tokens: int = 8
+    num_draft_tokens: int | None = None  # None: the drafter's own (Drafter.default_draft_tokens), see resolved
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -79,7 +80,9 @@ class GenerationConfig:
     def __post_init__(self):
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
-        if int(self.num_draft_tokens) != self.num_draft_tokens or self.num_draft_tokens < 1:
+        if self.num_draft_tokens is not None and (isinstance(self.num_draft_tokens, bool)
+                                                  or int(self.num_draft_tokens) != self.num_draft_tokens
+                                                  or self.num_draft_tokens < 1):
             raise ConfigError(f"num_draft_tokens (k) must be an integer >= 1, got {self.num_draft_tokens}")
         if self.rule == AUTO:
             check_rule("overaccept", self.residual, self.epsilon, self.delta)
@@ -106,10 +109,13 @@ class GenerationConfig:
         """True iff the output has exactly the target's law (the standard rule)."""
         return is_lossless("overaccept" if self.rule == AUTO else self.rule, self.epsilon, self.residual)
 
-    def resolved(self, samples_drafts: bool) -> "GenerationConfig":
-        """This config with rule "auto" made concrete for a drafter that does (or not) sample its drafts:
-        "coupled" when the request is seeded, sampled and lossless and the drafter samples (so that its
-        seed reproduces it under every draft-length policy), else "overaccept"."""
+    def resolved(self, samples_drafts: bool, default_draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> "GenerationConfig":
+        """This config made concrete for a drafter that does (or not) sample its drafts and drafts
+        ``default_draft_tokens`` at most unless told otherwise: ``num_draft_tokens`` None becomes that
+        depth; rule "auto" becomes "coupled" when the request is seeded, sampled and lossless and the
+        drafter samples (so that its seed reproduces it under every draft-length policy), else "overaccept"."""
+        if self.num_draft_tokens is None:
+            return replace(self, num_draft_tokens=default_draft_tokens).resolved(samples_drafts)
         if self.rule != AUTO:
             return self
         coupled = (samples_drafts and self.seed is not None and not self.sampling.greedy and self.lossless
@@ -369,7 +375,8 @@ class SpeculativeEngine:
             raise ConfigError(f"bias is measured on chain drafts only; drafter {name!r} drafts trees of up to "
                               f"{drafter.max_candidates} candidates")
         self._check_prompt(prompt_ids)
-        config = config.resolved(drafter is not None and drafter.samples_drafts)
+        config = config.resolved(drafter is not None and drafter.samples_drafts,
+                                 drafter.default_draft_tokens if drafter is not None else DEFAULT_DRAFT_TOKENS)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
         request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs,
                            self.draft_costs.get(name) if drafter is not None and not drafter.free else None, eos,
@@ -526,6 +533,7 @@ class SpeculativeEngine:
         started = time.perf_counter()
         hidden = self.target.add_rows([r.prompt[:-1] for r in joining],
                                       return_hidden=any(r.reads_hidden for r in joining))
+        self.costs.observe_prefill(sum(len(r.prompt) - 1 for r in joining), time.perf_counter() - started)
         hidden_of = {r.id: h for r, h in zip(joining, hidden)} if hidden is not None else {}
         for drafter, requests in _by_drafter(joining):
             drafter.start([RequestContext(r.id, list(r.prompt), r.sampling, r.random.draft_generator,
@@ -574,17 +582,27 @@ class SpeculativeEngine:
                                  for i in range(len(requests))]
                 group.draft = group.draft.clipped(wanted)
                 continue
-            wanted = [min(r.policy.after_plan(k, probe=True), self._room(r)) if r.policy.policy == "cost" else k
-                      for r, k in zip(requests, wanted)]
+            draft_cost = self.draft_costs[requests[0].drafter_name]
+            wanted = [self._costly_length(r, k, draft_cost) for r, k in zip(requests, wanted)]
             if not any(wanted):
                 continue
             started = time.perf_counter()
             group.draft = self._propose(drafter, requests, wanted)
             seconds = time.perf_counter() - started
-            self.draft_costs[requests[0].drafter_name].observe(max(wanted), seconds)
+            draft_cost.observe(max(wanted), seconds)
             record.draft_model_time_s += seconds
             record.draft_time_s += seconds
         return groups
+
+    def _costly_length(self, request: _Request, planned: int, draft_cost: DraftCost) -> int:
+        """What a costly drafter drafts for ``request``: the plan's length, or under the cost policy, when
+        the plan switched it off, a one-token probe now and then if one is affordable (:func:`probe_affordable`)."""
+        if request.policy.policy != "cost":
+            return planned
+        probe = planned == 0 and probe_affordable(draft_cost, self.costs, len(self._running),
+                                                  request.drafter.catch_up_tokens(request.id, request.sequence),
+                                                  self._room(request))
+        return min(request.policy.after_plan(planned, probe), self._room(request))
 
     @staticmethod
     def _propose(drafter: Drafter, requests: list[_Request], limits: list[int]) -> Draft:

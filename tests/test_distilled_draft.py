@@ -44,7 +44,7 @@ def test_greedy_distilled_drafting_equals_plain_decoding(tiny_target, num_drafts
     vocab = choose_vocabulary([p.token_ids for p in plain], 40)
     drafter = DistilledDrafter(DistilledLM(_draft(vocab), vocab, 64), num_drafts=num_drafts)
     spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=3,
-                                                                eos_token_ids=())
+                                                                eos_token_ids=(), draft_length="fixed")
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
     assert sum(s.stats.drafted_tokens for s in spec) > 0
 
@@ -104,7 +104,7 @@ def test_genspec_train_draft_then_generate_with_it(capsys, tmp_path, tiny_model_
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "the cat sat", "--max-new-tokens", "12", "--json"]
     assert main(base + ["--drafter", "none"]) == 0
     plain = json.loads(capsys.readouterr().out)
-    assert main(base + ["--drafter", "draft", "-O", f"path={out}", "-k", "3"]) == 0
+    assert main(base + ["--drafter", "draft", "-O", f"path={out}", "-k", "3", "--draft-length", "fixed"]) == 0
     spec = json.loads(capsys.readouterr().out)
     assert spec["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
     assert spec["stats"]["drafted_tokens"] > 0

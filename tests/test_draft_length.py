@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 from tiny_models import tiny_llama
 
-from genspec.draft_length import EXPLORE_EVERY, CostModel, DraftCost, DraftLength, RowPlan, plan
+from genspec.draft_length import EXPLORE_EVERY, CostModel, DraftCost, DraftLength, RowPlan, plan, probe_affordable
 from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
+from genspec.drafters.base import DraftRequest, RequestContext
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
@@ -526,3 +527,50 @@ def test_an_unmeasured_costly_drafter_is_priced_at_its_prior_not_free():
     cheap.observe(positions=4, seconds=0.04)  # a tenth of a plain step per position
     assert cheap.steps(0.1) == pytest.approx(0.1)
     assert DraftLength("cost", 8, costs, cheap).limit(probe=False) > 0
+
+
+def test_a_probe_is_made_only_when_its_reading_costs_a_tenth_of_the_time_left_at_most():
+    """A probe of a switched-off costly drafter pays its draft position and the prompt tokens the drafter
+    has not read, each at the drafter's cost per position (prefill per token measured by the target).
+    Plain step 0.1 s, prefill 2 ms per token (a fiftieth of a step), prior 0.5 step per position: a
+    60-token prompt costs 0.5 x (1 + 1.2) = 1.1 steps, affordable with 11 tokens left or more; a 1,500-token
+    prompt costs 15.5 steps, not affordable within a 128-token answer."""
+    costs = CostModel()
+    costs.observe_verify(1, 0.1)
+    costs.observe_prefill(500, 1.0)
+    prior = DraftCost()
+    assert probe_affordable(prior, costs, 1, read_tokens=60, room=11)
+    assert not probe_affordable(prior, costs, 1, read_tokens=60, room=10)
+    assert not probe_affordable(prior, costs, 1, read_tokens=1500, room=128)
+    assert probe_affordable(prior, costs, 1, read_tokens=1500, room=160)
+    assert probe_affordable(prior, costs, 1, read_tokens=0, room=5)  # a drafter that is up to date: its position
+    unmeasured = CostModel()  # nothing known: the probe is not refused
+    assert probe_affordable(prior, unmeasured, 1, read_tokens=10_000, room=1)
+
+
+def test_a_draft_model_reads_a_prompt_at_its_first_draft_and_a_useless_one_is_not_probed_on_a_short_answer():
+    """The draft model's rows start empty (``catch_up_tokens`` is the whole sequence) and catch up when it
+    drafts; an engine whose plan never drafts and whose probes are unaffordable (a long prompt, a short
+    answer) never runs the draft model at all, and its output is plain decoding's."""
+    target = HFCausalLM(tiny_llama(seed=3))
+    drafter = DraftModelDrafter(HFCausalLM(tiny_llama(seed=4)))
+    prompt = [(7 * i) % 60 + 3 for i in range(200)]
+    plain = SpeculativeEngine(target).generate_ids([prompt], max_new_tokens=12, eos_token_ids=())[0]
+    engine = SpeculativeEngine(target, drafter)
+    request = engine.add_request(prompt, max_new_tokens=12, eos_token_ids=())
+    tokens, drafted = [], 0
+    while engine.has_unfinished():
+        step = engine.step().requests[request]
+        tokens += step.new_tokens
+        drafted += step.drafted
+        if step.finish_reason is None:
+            assert drafter.catch_up_tokens(request, prompt) == len(prompt)  # nothing read
+    assert tokens == plain.token_ids and drafted == 0
+    # the same drafter forced to draft reads the prompt then, and is up to date after its draft
+    fixed = engine.generate_ids([prompt], max_new_tokens=12, eos_token_ids=(), draft_length="fixed")[0]
+    assert fixed.token_ids == plain.token_ids and fixed.stats.drafted_tokens > 0
+    drafter.start([RequestContext(99, prompt)])
+    assert drafter.catch_up_tokens(99, prompt) == len(prompt)
+    drafter.propose([DraftRequest(99, prompt, 2)])
+    assert drafter.catch_up_tokens(99, prompt) <= 1  # (the last token is fed again with the next draft)
+    drafter.finish([99])

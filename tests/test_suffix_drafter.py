@@ -188,6 +188,31 @@ def test_learning_across_requests_drafts_the_earlier_answer(tiny_target):
     assert run().stats.accepted_tokens == first.stats.accepted_tokens
 
 
+def test_the_drafter_declares_its_depth_and_a_request_may_set_another(tiny_target):
+    """Without ``num_draft_tokens`` a request drafts to the suffix drafter's own depth (24, SuffixDecoding's),
+    prompt lookup to the general 8; a request's k overrides either. The answer is already in the cache,
+    so every draft is as long as the depth (and the node budget) allows."""
+    prompt = [[13, 17, 19, 23]]
+    first = SpeculativeEngine(tiny_target).generate_ids(prompt, max_new_tokens=60, eos_token_ids=())[0]
+    drafter = SuffixDrafter(namespace="depth-test", factor=8.0, max_nodes=30)  # (12 nodes by default)
+    drafter.cache.add_document(prompt[0] + first.token_ids)
+
+    def deepest(engine, **k):
+        result = engine.generate_ids(prompt, max_new_tokens=60, eos_token_ids=(), draft_length="fixed", **k)[0]
+        assert result.token_ids == first.token_ids
+        return len(result.stats.drafted_per_position)
+
+    assert SuffixDrafter.default_draft_tokens == 24
+    assert deepest(SpeculativeEngine(tiny_target, drafter)) == 24
+    assert deepest(SpeculativeEngine(tiny_target, drafter), num_draft_tokens=5) == 5
+    lookup = genspec.build_drafter("prompt-lookup", tiny_target)
+    assert lookup.default_draft_tokens == 8
+    assert GenerationConfig().resolved(False, lookup.default_draft_tokens).num_draft_tokens == 8
+    assert GenerationConfig(num_draft_tokens=3).resolved(False, 24).num_draft_tokens == 3
+    with pytest.raises(ConfigError, match="num_draft_tokens"):
+        GenerationConfig(num_draft_tokens=0)
+
+
 def test_evidence_reaches_the_draft_length_policy(tiny_target):
     """Every step reports the match level behind the row's proposal (the cost policy's evidence)."""
     engine = SpeculativeEngine(tiny_target, SuffixDrafter(namespace="evidence-test"))

@@ -5,6 +5,11 @@ from genspec.bench.analysis import ALL, MEAN, summarize, sweep_summary
 from genspec.bench.methods import PLAIN
 
 
+
+def _k_text(k) -> str:
+    """The run's k as the report says it (None: each drafter drafted to its own default depth)."""
+    return "each drafter's own (8; suffix 24)" if k is None else str(k)
+
 def _spread(s: dict | None, fmt: str = "{:.2f}", suffix: str = "") -> str:
     if not s:
         return "–"
@@ -117,7 +122,7 @@ def _machine(results: dict) -> list[str]:
         f"{', '.join(s.get('categories', []))}; {s.get('max_new_tokens', '?')} new tokens at most; "
         f"temperature {s.get('temperature', 0)} ({'greedy' if not s.get('temperature') else 'sampling'}"
         + (f", top-p {s['top_p']}" if s.get("top_p", 1.0) != 1.0 and s.get("temperature") else "") + "), "
-        f"seed {s.get('seed', 0)}; k = {s.get('num_draft_tokens', '?')}, draft length policy "
+        f"seed {s.get('seed', 0)}; k = {_k_text(s.get('num_draft_tokens', '?'))}, draft length policy "
         f"`{s.get('draft_length', '?')}` unless a method sets its own; {s.get('repeats', '?')} repeat(s).",
     ]
 

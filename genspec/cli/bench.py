@@ -58,8 +58,8 @@ def add_parser(subparsers) -> None:
                        help="nucleus sampling with --temperature > 0, for every method alike (default 1.0: off)")
     bench.add_argument("--seed", type=int, default=0, help="seed of every call (default 0)")
     bench.add_argument("--repeats", type=int, metavar="R", help="repeats of the whole suite (default 3)")
-    bench.add_argument("-k", "--num-draft-tokens", type=int, default=8, metavar="K",
-                       help="draft tokens per step (max for adaptive policies; default 8)")
+    bench.add_argument("-k", "--num-draft-tokens", type=int, default=None, metavar="K",
+                       help="draft tokens per step (max for adaptive policies; default: each drafter's own, 8, suffix 24)")
     bench.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"],
                        help="genspec draft length policy unless a method sets its own (default cost)")
     bench.add_argument("--k-sweep", metavar="LIST", help="also run --sweep-method at these fixed k, e.g. 2,4,8")
@@ -105,7 +105,7 @@ def resolve_settings(args) -> dict:
             raise ConfigError(f"{flag} must be >= 1, got {pick[key]}")
     if args.skip_prompts < 0:
         raise ConfigError(f"--skip-prompts must be >= 0, got {args.skip_prompts}")
-    if args.num_draft_tokens < 1:
+    if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
         raise ConfigError(f"-k must be >= 1, got {args.num_draft_tokens}")
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
@@ -160,7 +160,8 @@ def command_line(s: dict) -> str:
               *(["--skip-prompts", str(s["skip_prompts"])] if s.get("skip_prompts") else []),
               "--max-new-tokens", str(s["max_new_tokens"]),
               "--temperature", str(s["temperature"]), "--seed", str(s["seed"]), "--repeats", str(s["repeats"]),
-              "-k", str(s["num_draft_tokens"]), "--draft-length", s["draft_length"]]
+              *(["-k", str(s["num_draft_tokens"])] if s.get("num_draft_tokens") is not None else []),
+              "--draft-length", s["draft_length"]]
     if s.get("top_p", 1.0) != 1.0:
         parts += ["--top-p", str(s["top_p"])]
     if s["threads"]:

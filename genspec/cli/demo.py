@@ -8,7 +8,8 @@ def add_parser(subparsers) -> None:
     demo = subparsers.add_parser("demo", help="plain vs speculative decoding on the embedded default model")
     demo.add_argument("--model", metavar="PATH", help="local model directory (default: embedded Gemma 3 270M)")
     demo.add_argument("--drafter", default="prompt-lookup")
-    demo.add_argument("--num-draft-tokens", "-k", type=int, default=8, metavar="K")
+    demo.add_argument("--num-draft-tokens", "-k", type=int, default=None, metavar="K",
+                      help="draft tokens per step at most (default: the drafter's own: 8, suffix 24)")
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"])
     demo.add_argument("--json", action="store_true")
@@ -45,6 +46,7 @@ def run_demo(args) -> int:
         target = genspec.load_model(args.model)
         drafter = genspec.build_drafter(args.drafter, target)
     plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter)
+    k = args.num_draft_tokens or drafter.default_draft_tokens
     plain.generate("Hello", max_new_tokens=2)  # warm-up (first-call allocations), not timed
     rows = []
     with Progress(console=console, transient=True) as progress:
@@ -64,9 +66,9 @@ def run_demo(args) -> int:
                          "greedy_outputs_match": fast.token_ids == base.token_ids,
                          "text": fast.text})
     if args.json:
-        print(json.dumps({"drafter": args.drafter, "num_draft_tokens": args.num_draft_tokens, "results": rows}))
+        print(json.dumps({"drafter": args.drafter, "num_draft_tokens": k, "results": rows}))
         return 0 if all(r["greedy_outputs_match"] for r in rows) else 1
-    table = Table(title=f"genspec demo: plain vs {args.drafter} (greedy, k={args.num_draft_tokens}, "
+    table = Table(title=f"genspec demo: plain vs {args.drafter} (greedy, k={k}, "
                         f"{args.max_new_tokens} new tokens)")
     for column in ("prompt", "plain tok/s", "speculative tok/s", "speedup", "acceptance", "mean accepted",
                    "outputs match"):

@@ -17,7 +17,8 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-O", "--drafter-option", action="append", default=[], metavar="KEY=VALUE",
                         help="drafter option, e.g. exit_layer=4, skip=[3,5,7], levels=prompt-lookup,quantized, "
                              "draft_vocab_file=ids.json, confidence_threshold=0.4 (repeatable)")
-    parser.add_argument("--num-draft-tokens", "-k", type=int, default=8, metavar="K", help="draft tokens per step")
+    parser.add_argument("--num-draft-tokens", "-k", type=int, default=None, metavar="K",
+                        help="draft tokens per step at most (default: the drafter's own: 8, suffix 24)")
     parser.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"],
                         help="draft length policy: fixed k, HF's +2/-1 schedule, or cost-aware (default)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

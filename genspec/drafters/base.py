@@ -20,6 +20,9 @@ from genspec.models.base import CausalLM, PrefixKV
 from genspec.randomness import RequestRandomness
 from genspec.sampling import SamplingConfig
 
+#: draft tokens per step at most (k) when neither the request nor the drafter says otherwise
+DEFAULT_DRAFT_TOKENS = 8
+
 
 @dataclass(frozen=True)
 class RequestContext:
@@ -224,6 +227,9 @@ class Drafter(ABC):
     #: measured it (:class:`genspec.draft_length.DraftCost`): a model the size of half the target by default
     #: (early exit and layer skip also run the full head); heads on the target's features cost far less
     draft_cost_prior: float = 0.5
+    #: the most tokens a step drafts (k) when a request does not set ``num_draft_tokens``: the depth the
+    #: drafter is designed for (the suffix drafter's match-proportional drafts go to 24, SuffixDecoding's)
+    default_draft_tokens: int = DEFAULT_DRAFT_TOKENS
     #: most candidate chains per row in a :class:`Draft` (1: always a single chain)
     max_candidates: int = 1
     #: per-request options a request may pass (``GenerationConfig.drafter_options``)
@@ -253,6 +259,12 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, requests: list[DraftRequest]) -> Draft:
         """One :class:`Draft` row per request, in the order given."""
+
+    def catch_up_tokens(self, request_id: int, sequence: list[int]) -> int:
+        """How many tokens of ``sequence`` the drafter must still read before it can draft for this request
+        (a draft model's cache lag; 0 for drafters that read nothing, the default). The draft-length policy
+        weighs that reading before it probes a costly drafter (:func:`genspec.draft_length.probe_affordable`)."""
+        return 0
 
     def verify_prefix(self, target: CausalLM, requests: list[DraftRequest], block: torch.Tensor,
                       valid: torch.Tensor) -> PrefixKV | None:

@@ -1,9 +1,13 @@
 """A separate (smaller) language model with the target's tokenizer drafts autoregressively.
 
-The draft model keeps its own KV cache, one row per request (a request's prompt is prefilled when it
-joins). Before drafting it syncs each row with the committed sequence the llama.cpp way: keep the
-longest common prefix of what it holds and what the target committed, drop the rest, and feed the
-difference in one ragged block. Each row samples with its request's settings and random stream.
+The draft model keeps its own KV cache, one row per request. Before drafting it syncs each row with the
+committed sequence the llama.cpp way: keep the longest common prefix of what it holds and what the
+target committed, drop the rest, and feed the difference in one ragged block. A request's prompt is
+read at its first draft, not when it joins: a request the draft-length policy never drafts for costs the
+drafter nothing (layer skip, which accepts nothing on the embedded model, prefilled every prompt at half
+the target's cost: on rag's long prompts a fresh engine ran at 0.85x plain, 32 tokens,
+benchmarks/results/fresh_request_cost.md), and :meth:`catch_up_tokens` tells the policy what a first
+draft would have to read. Each row samples with its request's settings and random stream.
 
 Hierarchical speculation (TriForce-style): with an ``inner`` drafter the draft model's own drafting
 is speculative too: the inner drafter proposes, the draft model verifies with the same lossless
@@ -86,10 +90,10 @@ class DraftModelDrafter(Drafter):
 
     # --------------------------------------------------------------- life cycle
     def start(self, contexts: list[RequestContext]) -> None:
-        self.model.add_rows([list(c.prompt[:-1]) for c in contexts])  # one prefill for all that join
+        self.model.add_rows([[] for _ in contexts])  # empty rows: the prompt is read at the first draft
         for context in contexts:
             self._order.append(context.request_id)
-            self._held[context.request_id] = list(context.prompt[:-1])
+            self._held[context.request_id] = []
             self._contexts[context.request_id] = context
         if self.inner is not None:
             self.inner.start(contexts)
@@ -102,6 +106,10 @@ class DraftModelDrafter(Drafter):
             del self._held[request_id], self._contexts[request_id]
         if self.inner is not None:
             self.inner.finish(request_ids)
+
+    def catch_up_tokens(self, request_id: int, sequence: list[int]) -> int:
+        """The tokens of ``sequence`` this model has not read yet (all of them for a request it never drafted for)."""
+        return len(sequence) - common_prefix_length(self._held.get(request_id, []), sequence)
 
     # --------------------------------------------------------------- helpers (rows in the model's order)
     def _sync(self, sequences: list[list[int]], active: list[bool], logits: bool = True) -> torch.Tensor | None:
