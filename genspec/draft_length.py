@@ -58,6 +58,7 @@ seen. With one request this is the rule above.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from genspec.errors import ConfigError
@@ -370,8 +371,10 @@ class DraftLength:
         """The k with the highest predicted tokens per plain-step time (0 unless it beats MARGIN)."""
         return plan([RowPlan(self, evidence, self.k_max, self.draft_cost)], self.costs)[0]
 
-    def after_plan(self, planned: int, probe: bool) -> int:
-        """The planned length, or after too many steps without drafting a one-token probe."""
+    def after_plan(self, planned: int, probe: bool | Callable[[], bool]) -> int:
+        """The planned length, or after too many steps without drafting a one-token probe. ``probe`` may be
+        a check asked only when a probe is due (whether it is affordable: it reads the request's sequence,
+        which is not work for every decode step); if it says no, the probe waits another round."""
         if planned > 0:
             self.idle_steps, self.probe_every = 0, 8
             return planned
@@ -380,6 +383,8 @@ class DraftLength:
         self.idle_steps += 1
         if self.idle_steps >= self.probe_every:  # probe: one draft token, to re-estimate
             self.idle_steps = 0
+            if callable(probe) and not probe():
+                return 0
             self.probe_every = min(2 * self.probe_every, 256)
             return 1
         return 0

@@ -596,13 +596,15 @@ class SpeculativeEngine:
 
     def _costly_length(self, request: _Request, planned: int, draft_cost: DraftCost) -> int:
         """What a costly drafter drafts for ``request``: the plan's length, or under the cost policy, when
-        the plan switched it off, a one-token probe now and then if one is affordable (:func:`probe_affordable`)."""
+        the plan switched it off, a one-token probe now and then if one is affordable (:func:`probe_affordable`,
+        checked only when a probe is due)."""
         if request.policy.policy != "cost":
             return planned
-        probe = planned == 0 and probe_affordable(draft_cost, self.costs, len(self._running),
-                                                  request.drafter.catch_up_tokens(request.id, request.sequence),
-                                                  self._room(request))
-        return min(request.policy.after_plan(planned, probe), self._room(request))
+        def affordable() -> bool:
+            return probe_affordable(draft_cost, self.costs, len(self._running),
+                                    request.drafter.catch_up_tokens(request.id, request.sequence), self._room(request))
+
+        return min(request.policy.after_plan(planned, affordable), self._room(request))
 
     @staticmethod
     def _propose(drafter: Drafter, requests: list[_Request], limits: list[int]) -> Draft:
