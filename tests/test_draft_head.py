@@ -165,11 +165,14 @@ def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path):
     data = record_features(target, sequences)
     vocab = choose_vocabulary(sequences, 48)
     settings = TrainSettings(steps=60, batch_size=8, sequence_length=32, learning_rate=3e-3, warmup=5,
-                             checkpoint_every=30)
+                             checkpoint_every=30, held_out_every=25)
     log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=settings)
     losses = [entry["loss"] for entry in log["loss"]]
     assert sum(losses[-10:]) / 10 < 0.7 * sum(losses[:10]) / 10
     assert log["held_out_after"]["loss"] < log["held_out_before"]["loss"]
+    # the held-out curve: every 25 steps and at the end, the end's figures those of held_out_after
+    assert [e["step"] for e in log["held_out_curve"]] == [25, 50, 60]
+    assert log["held_out_curve"][-1]["loss"] == log["held_out_after"]["loss"]
     head, vocab_ids, fingerprint, info = load_head(tmp_path / "head")
     assert vocab_ids == vocab and fingerprint == target_fingerprint(target) and info["log"]["settings"]["steps"] == 60
     drafter = HeadDrafter.for_target(target, path=str(tmp_path / "head"))

@@ -41,6 +41,7 @@ class TrainSettings:
     classification_weight: float = 0.1
     noise: float = 0.1  # uniform noise on input features, in units of their RMS
     checkpoint_every: int = 100
+    held_out_every: int = 250  # steps between held-out evaluations (the curve that shows over-fitting; 0: none)
     seed: int = 0
 
 
@@ -224,6 +225,8 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
         entry = {"step": step, "loss": loss.item(), "regression": regression.item(),
                  "classification": classification.item(), "agreement": agree.item()}
         log["loss"].append(entry)
+        if settings.held_out_every and step % settings.held_out_every == 0 and step < settings.steps:
+            log.setdefault("held_out_curve", []).append({"step": step, **evaluate(head, teacher, held, settings, loss_of)})
         if progress is not None:
             progress(step, entry)
         if step % settings.checkpoint_every == 0 or step == settings.steps:
@@ -231,6 +234,7 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
             torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
                         "generator": generator.get_state(), "step": step, "log": log}, out / CHECKPOINT)
     log["held_out_after"] = evaluate(head, teacher, held, settings, loss_of)
+    log.setdefault("held_out_curve", []).append({"step": step, **log["held_out_after"]})
     log["seconds"] = time.perf_counter() - started
     save_head(out, head.eval(), vocab_ids, target_fingerprint(target), {**(info or {}), "log": log})
     return log

@@ -1,5 +1,6 @@
 """The training curve of a speculator (``training_curve.png`` beside it): loss and top-1 agreement per
-step (a moving average over 50 steps), with the held-out figures before and after training."""
+step (a moving average over 50 steps), with the held-out figures every ``held_out_every`` steps (a gap
+between the two curves is over-fitting: more data, not more steps, is what helps then)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,10 +24,12 @@ def training_curve(log: dict, path: str | Path, title: str = "") -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.plot(steps, _smooth([e["loss"] for e in log["loss"]]), label="training (mean of 50 steps)")
     right.plot(steps, _smooth([e["agreement"] for e in log["loss"]]), label="training (mean of 50 steps)")
+    curve = [{"step": 0, **log["held_out_before"]}] if log.get("held_out_before") else []
+    curve += log.get("held_out_curve") or ([{"step": steps[-1], **log["held_out_after"]}] if log.get("held_out_after") else [])
     for axis, key in ((left, "loss"), (right, "agreement")):
-        before, after = log.get("held_out_before", {}), log.get("held_out_after", {})
-        if key in before and key in after:
-            axis.plot([0, steps[-1]], [before[key], after[key]], "o", color="black", label="held out (before, after)")
+        points = [(e["step"], e[key]) for e in curve if key in e]
+        if points:
+            axis.plot(*zip(*points), "o-", color="black", label="held out")
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
         axis.legend()
