@@ -9,7 +9,8 @@ curve every ``--eval-every`` steps (all held-out pairs, what ``genspec train`` r
 agreement on the held-out sequences' *continuations* only (the pairs whose next token the target itself
 wrote: what drafting meets; their prompts are context). A variant is ``;``-separated: ``base`` (the
 defaults of :class:`genspec.train.head.TrainSettings`), or ``key=value,...`` overriding its fields, plus
-``data=continued`` (train on the target's continuations only, no teacher-forced text).
+``data=continued`` (train on the target's continuations only, no teacher-forced text) or ``data=plus-text``
+(add the ``--data`` files' text, teacher-forced, to the training sequences; never to the held-out ones).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import torch
 import genspec
 from genspec.models.distilled import local_ids
 from genspec.models.draft_head import load_head
-from genspec.train.data import Sequences
+from genspec.train.data import Sequences, read_texts, teacher_forced
 from genspec.train.head import Teacher, TrainSettings, choose_vocabulary, head_loss, record_features, train_head
 
 
@@ -68,23 +69,28 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--variants", default="base")
     parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--data", action="append", default=[], metavar="FILE",
+                        help="extra teacher-forced text for data=plus-text variants (as genspec train --data)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     target = genspec.load_model(None)
     data = Sequences.load(args.sequences)
     started = time.perf_counter()
     features = record_features(target, data.sequences)
-    print(f"features of {len(data.sequences)} sequences in {time.perf_counter() - started:.0f} s", flush=True)
+    extra = record_features(target, teacher_forced(target, [], read_texts(args.data))) if args.data else []
+    print(f"features of {len(data.sequences)} sequences (+ {len(extra)} of --data, "
+          f"{sum(len(f) for _, f in extra)} tokens) in {time.perf_counter() - started:.0f} s", flush=True)
     train_all = data.train
     held = [features[i] for i in data.held_out]
     vocab = choose_vocabulary([data.sequences[i] for i in train_all], args.vocab_size, target.eos_token_ids)
     teacher = Teacher(target.subset_head(torch.as_tensor(vocab)), target.model.get_input_embeddings(),
                       local_ids(vocab, target.vocab_size))
     continued = [(features[i], data.prompt_lengths[i]) for i in data.held_out if data.prompt_lengths[i]]
-    results = {"sequences": args.sequences, "steps": args.steps, "variants": []}
+    results = {"sequences": args.sequences, "data": args.data, "steps": args.steps, "variants": []}
     for text in args.variants.split(";"):
         overrides, which = parse_variant(text)
-        train = [features[i] for i in train_all if which == "all" or data.prompt_lengths[i]]
+        train = [features[i] for i in train_all if which != "continued" or data.prompt_lengths[i]]
+        train += extra if which == "plus-text" else []
         settings = TrainSettings(**{**asdict(TrainSettings()), "steps": args.steps, "held_out_every": args.eval_every,
                                     "checkpoint_every": args.steps, **overrides})
         with tempfile.TemporaryDirectory() as tmp:

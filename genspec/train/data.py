@@ -106,14 +106,20 @@ def collect_sequences(target, prompts: list[list[int]], texts: list[str], max_ne
         if progress is not None:
             progress(start + len(batch), len(continued))
     generated = sum(len(s) for s in sequences) - sum(prompt_lengths)
-    cut = min(MAX_SEQUENCE_TOKENS, context)
-    forced = [p[:cut] for p in long_prompts] + [target.tokenizer(text)["input_ids"][:cut] for text in texts]
-    forced = [s for s in forced if len(s) >= 3]
+    forced = teacher_forced(target, long_prompts, texts)
     if len(sequences) + len(forced) < 2:
         raise ConfigError("too little training data: no prompt fits the model's context and no --data given")
     info = {"continued_prompts": len(continued), "generated_tokens": generated, "continuation_tokens": max_new_tokens,
             "teacher_forced_sequences": len(forced), "teacher_forced_tokens": sum(map(len, forced))}
     return Sequences(sequences + forced, prompt_lengths + [0] * len(forced), info=info)
+
+
+def teacher_forced(target, prompts: list[list[int]], texts: list[str]) -> list[list[int]]:
+    """Teacher-forced sequences: token-id ``prompts`` and ``texts``, each cut to ``MAX_SEQUENCE_TOKENS`` (and
+    the model's context); those shorter than 3 tokens teach nothing and are dropped."""
+    cut = min(MAX_SEQUENCE_TOKENS, target.max_context or 1 << 30)
+    forced = [p[:cut] for p in prompts] + [target.tokenizer(text)["input_ids"][:cut] for text in texts]
+    return [s for s in forced if len(s) >= 3]
 
 
 def held_out_acceptance(target, drafter, prompts: list[list[int]], max_new_tokens: int = 64,
