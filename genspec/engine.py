@@ -317,6 +317,7 @@ class _Group:
     shadows: list[list[int]]
     block: DraftBlock | None = None
     verdict: Verdict | None = None
+    fallback_rows: list[int] = field(default_factory=list)  # rows a free drafter left to its fallback
 
 
 class SpeculativeEngine:
@@ -345,7 +346,9 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.max_batch_size = max_batch_size
         self.costs = cost_model or CostModel()  # the target's verify costs, by block size
-        self.draft_costs = {name: DraftCost(prior_steps=d.draft_cost_prior) for name, d in self.drafters.items()}
+        # each costly drafter's time per draft position (a free drafter's entry prices its fallback)
+        self.draft_costs = {name: DraftCost(prior_steps=(d.fallback or d).draft_cost_prior)
+                            for name, d in self.drafters.items()}
         # what each drafter's proposals achieved in earlier requests, greedy and sampled apart
         self.acceptance_memory = {(name, greedy): AcceptanceMemory() for name in self.drafters for greedy in (True, False)}
         self._waiting: list[_Request] = []
@@ -379,7 +382,8 @@ class SpeculativeEngine:
                                  drafter.default_draft_tokens if drafter is not None else DEFAULT_DRAFT_TOKENS)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
         request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs,
-                           self.draft_costs.get(name) if drafter is not None and not drafter.free else None, eos,
+                           self.draft_costs.get(name) if drafter is not None and (not drafter.free or drafter.fallback)
+                           else None, eos,
                            sample_index, self.acceptance_memory.get((name, config.sampling.greedy)))
         self._waiting.append(request)
         return request.id
@@ -548,8 +552,8 @@ class SpeculativeEngine:
 
     def _draft(self, record: StepRecord) -> list[_Group]:
         """Every running request's draft, its length planned for the whole batch (``draft_length.plan``):
-        free drafters propose first, so that the plan weighs their evidence; costly ones then draft the
-        planned lengths."""
+        free drafters propose first, so that the plan weighs their evidence; costly ones (and the fallbacks
+        of free ones, for the rows they left empty) then draft the planned lengths."""
         by_group: dict[tuple, list[int]] = {}
         for row, request in enumerate(self._running):
             by_group.setdefault(request.group, []).append(row)
@@ -566,8 +570,12 @@ class SpeculativeEngine:
                 record.draft_time_s += time.perf_counter() - started
                 group.evidence = [group.draft.evidence_of(i) for i in range(len(rows))]
                 caps = group.draft.lengths.amax(dim=1).tolist()
-            draft_cost = None if drafter is None or drafter.free else self.draft_costs[requests[0].drafter_name]
+                if drafter.fallback is not None:
+                    group.fallback_rows = [i for i, cap in enumerate(caps) if cap == 0]
+                    caps = [room[i] if i in group.fallback_rows else cap for i, cap in enumerate(caps)]
             for i, (row, request) in enumerate(zip(rows, requests)):
+                costly = drafter is not None and (not drafter.free or i in group.fallback_rows)
+                draft_cost = self.draft_costs[request.drafter_name] if costly else None
                 rows_plan[row] = RowPlan(request.policy, group.evidence[i], caps[i], draft_cost)
             groups.append(group)
         planned = plan(rows_plan, self.costs)
@@ -581,18 +589,41 @@ class SpeculativeEngine:
                 group.shadows = [group.draft.first_chain(i) if proposed[i] and not wanted[i] else []
                                  for i in range(len(requests))]
                 group.draft = group.draft.clipped(wanted)
+                if group.fallback_rows:
+                    self._draft_fallback(group, wanted, record)
                 continue
-            draft_cost = self.draft_costs[requests[0].drafter_name]
-            wanted = [self._costly_length(r, k, draft_cost) for r, k in zip(requests, wanted)]
-            if not any(wanted):
-                continue
-            started = time.perf_counter()
-            group.draft = self._propose(drafter, requests, wanted)
-            seconds = time.perf_counter() - started
-            draft_cost.observe(max(wanted), seconds)
-            record.draft_model_time_s += seconds
-            record.draft_time_s += seconds
+            draft = self._draft_costly(drafter, requests, wanted, record)
+            if draft is not None:
+                group.draft = draft
         return groups
+
+    def _draft_costly(self, drafter: Drafter, requests: list[_Request], planned: list[int],
+                      record: StepRecord) -> Draft | None:
+        """A costly drafter's draft of the planned lengths (with probes, :meth:`_costly_length`), its time
+        measured; None if no row drafts."""
+        draft_cost = self.draft_costs[requests[0].drafter_name]
+        wanted = [self._costly_length(r, k, draft_cost) for r, k in zip(requests, planned)]
+        if not any(wanted):
+            return None
+        started = time.perf_counter()
+        draft = self._propose(drafter, requests, wanted)
+        seconds = time.perf_counter() - started
+        draft_cost.observe(max(wanted), seconds)
+        record.draft_model_time_s += seconds
+        record.draft_time_s += seconds
+        return draft
+
+    def _draft_fallback(self, group: _Group, planned: list[int], record: StepRecord) -> None:
+        """The free drafter's fallback drafts the rows the free proposal left empty (evidence stays the
+        free proposal's grade, which the policy learns the fallback's acceptance under)."""
+        rows = group.fallback_rows
+        draft = self._draft_costly(group.requests[0].drafter.fallback, [group.requests[i] for i in rows],
+                                   [planned[i] for i in rows], record)
+        if draft is None:
+            return
+        at = {i: j for j, i in enumerate(rows)}
+        group.draft = Draft.stack([draft.rows([at[i]]) if i in at else group.draft.rows([i])
+                                   for i in range(len(group.requests))])
 
     def _costly_length(self, request: _Request, planned: int, draft_cost: DraftCost) -> int:
         """What a costly drafter drafts for ``request``: the plan's length, or under the cost policy, when

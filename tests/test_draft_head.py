@@ -150,6 +150,22 @@ def test_head_sampling_is_lossless(tree_nodes, seed):
     assert pvalue > 1e-3
 
 
+def test_hybrid_sampling_is_lossless():
+    """The same chi-square (N = 20,000, fail if p < 1e-3) for the hybrid at min_match 1 on a 12-token
+    vocabulary, so both kinds of step happen in the 3 tokens: lookup's point masses after a match, the
+    head's sampled chain (through the engine's fallback) elsewhere."""
+    from genspec.drafters.hybrid import HybridDrafter
+    from genspec.drafters.prompt_lookup import PromptLookupDrafter
+
+    head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
+    pvalue, acceptance = lossless_pvalue(
+        lambda target: HybridDrafter(PromptLookupDrafter(max_ngram=2),
+                                     HeadDrafter(target, head.to(torch.float64), list(range(8))), min_match=1),
+        SamplingConfig(temperature=0.7, top_k=8, top_p=0.9), seed=23, layers=2)
+    assert 0.02 < acceptance < 0.95
+    assert pvalue > 1e-3
+
+
 def _training_data(target, count: int, length: int, seed: int):
     """The target's own sampled continuations of random prompts (as ``genspec train`` uses its outputs)."""
     generator = torch.Generator().manual_seed(seed)
@@ -258,8 +274,31 @@ def test_hybrid_takes_lookup_after_a_strong_match_and_the_head_elsewhere(tiny_ta
     tiny_target.reset(0)
     hybrid.start([RequestContext(0, repeated, hidden=hidden[0]), RequestContext(1, fresh, hidden=hidden[1])])
     draft = hybrid.propose([DraftRequest(0, repeated, 3), DraftRequest(1, fresh, 3)])
-    assert draft.first_chain(0) == [8, 9, 5]
-    assert len(draft.first_chain(1)) == 3  # the head's chain (lookup found nothing there)
+    assert draft.first_chain(0) == [8, 9, 5] and draft.evidence_of(0) == 3
+    assert draft.first_chain(1) == [] and draft.evidence_of(1) == "head"  # left to the fallback, the head
+    assert hybrid.fallback is hybrid.head and hybrid.free
+    assert len(hybrid.fallback.propose([DraftRequest(1, fresh, 3)]).first_chain(0)) == 3
+
+
+def test_the_engine_hands_the_rows_lookup_leaves_to_the_hybrids_head(tiny_target):
+    """Through the engine: steps without a strong match are drafted by the head (evidence "head"), steps
+    after one by lookup, and the output is plain decoding's."""
+    from genspec.drafters.hybrid import HybridDrafter
+    from genspec.drafters.prompt_lookup import PromptLookupDrafter
+
+    prompt = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 40, 41]
+    plain = SpeculativeEngine(tiny_target).generate_ids([prompt], max_new_tokens=24, eos_token_ids=())
+    hybrid = HybridDrafter(PromptLookupDrafter(), HeadDrafter(tiny_target, _head(), list(range(3, 64))), min_match=2)
+    engine = SpeculativeEngine(tiny_target, hybrid)
+    request = engine.add_request(prompt, max_new_tokens=24, eos_token_ids=(), draft_length="fixed", num_draft_tokens=3)
+    grades, tokens = [], []
+    while engine.has_unfinished():
+        step = engine.step().requests[request]
+        grades.append((step.evidence, step.drafted))
+        tokens += step.new_tokens
+    assert tokens == plain[0].token_ids
+    assert any(grade == "head" and drafted == 3 for grade, drafted in grades)  # the head drafted
+    assert all(drafted == 0 or grade == "head" or grade >= 2 for grade, drafted in grades)
 
 
 @pytest.mark.parametrize("tree_nodes", [0, 6])

@@ -223,6 +223,12 @@ class Drafter(ABC):
     #: proposing costs next to nothing (no model runs): the engine lets it propose before the draft-length
     #: policy decides, so the policy can weigh the proposal's evidence, and scores unverified proposals
     free: bool = False
+    #: a free drafter may leave rows to a costly one: the rows its proposal leaves empty are drafted by
+    #: ``fallback`` (the hybrid: lookup where it matched, the trained head elsewhere). The engine plans those
+    #: rows' lengths at the fallback's cost, with the evidence grade the free proposal gave them, and asks the
+    #: fallback for the planned tokens (the free drafter's :meth:`start` / :meth:`finish` must reach it, and
+    #: so must the target's hidden states if it reads them: they come with the free proposal)
+    fallback: "Drafter | None" = None
     #: a costly drafter's time per draft position, in plain target steps, assumed until the engine has
     #: measured it (:class:`genspec.draft_length.DraftCost`): a model the size of half the target by default
     #: (early exit and layer skip also run the full head); heads on the target's features cost far less
