@@ -572,7 +572,7 @@ class SpeculativeEngine:
                 caps = group.draft.lengths.amax(dim=1).tolist()
                 if drafter.fallback is not None:
                     group.fallback_rows = [i for i, cap in enumerate(caps) if cap == 0]
-                    caps = [room[i] if i in group.fallback_rows else cap for i, cap in enumerate(caps)]
+                    caps = [cap or room[i] for i, cap in enumerate(caps)]  # the fallback may draft up to the room
             for i, (row, request) in enumerate(zip(rows, requests)):
                 costly = drafter is not None and (not drafter.free or i in group.fallback_rows)
                 draft_cost = self.draft_costs[request.drafter_name] if costly else None
