@@ -602,7 +602,7 @@ class SpeculativeEngine:
         """A costly drafter's draft of the planned lengths (with probes, :meth:`_costly_length`), its time
         measured; None if no row drafts."""
         draft_cost = self.draft_costs[requests[0].drafter_name]
-        wanted = [self._costly_length(r, k, draft_cost) for r, k in zip(requests, planned)]
+        wanted = [self._costly_length(drafter, r, k, draft_cost) for r, k in zip(requests, planned)]
         if not any(wanted):
             return None
         started = time.perf_counter()
@@ -625,15 +625,15 @@ class SpeculativeEngine:
         group.draft = Draft.stack([draft.rows([at[i]]) if i in at else group.draft.rows([i])
                                    for i in range(len(group.requests))])
 
-    def _costly_length(self, request: _Request, planned: int, draft_cost: DraftCost) -> int:
-        """What a costly drafter drafts for ``request``: the plan's length, or under the cost policy, when
+    def _costly_length(self, drafter: Drafter, request: _Request, planned: int, draft_cost: DraftCost) -> int:
+        """What the costly ``drafter`` (the request's own, or its fallback) drafts for ``request``: the plan's length, or under the cost policy, when
         the plan switched it off, a one-token probe now and then if one is affordable (:func:`probe_affordable`,
         checked only when a probe is due)."""
         if request.policy.policy != "cost":
             return planned
         def affordable() -> bool:
             return probe_affordable(draft_cost, self.costs, len(self._running),
-                                    request.drafter.catch_up_tokens(request.id, request.sequence), self._room(request))
+                                    drafter.catch_up_tokens(request.id, request.sequence), self._room(request))
 
         return min(request.policy.after_plan(planned, affordable), self._room(request))
 

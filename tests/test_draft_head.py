@@ -341,3 +341,43 @@ def test_the_shipped_head_drafts_for_the_embedded_model(capsys, drafter):
     spec = json.loads(capsys.readouterr().out)
     assert spec["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
     assert spec["stats"]["accepted_tokens"] > 0
+
+
+class _Reader(Drafter):
+    """A costly drafter that must read the whole request before drafting (its catch-up counted)."""
+
+    name = "reader"
+
+    def __init__(self):
+        self.asked = 0
+
+    def propose(self, requests):
+        return Draft.from_chains([[[0] * r.max_tokens] for r in requests])  # token 0: never the tiny target's
+
+    def catch_up_tokens(self, request_id, sequence):
+        self.asked += 1
+        return 10 ** 6
+
+
+class _Empty(Drafter):
+    """A free drafter that never drafts: every row goes to its fallback."""
+
+    name = "empty"
+    free = True
+
+    def __init__(self, fallback):
+        self.fallback = fallback
+
+    def propose(self, requests):
+        return Draft.from_chains([[[]] for _ in requests], evidence=["head"] * len(requests))
+
+
+def test_the_cost_policy_asks_the_fallback_what_a_probe_must_read(tiny_target):
+    """A fallback switched off by the cost policy is probed only if the probe's reading is affordable, and
+    that reading is the fallback's (here a million tokens: never affordable), not the free drafter's (0)."""
+    reader = _Reader()
+    engine = SpeculativeEngine(tiny_target, _Empty(reader))
+    results = engine.generate_ids([[5, 6, 7]], max_new_tokens=96, eos_token_ids=())
+    assert results[0].finish_reason == "length"
+    assert reader.asked > 0
+    assert results[0].stats.drafted_tokens < 40  # switched off, and no probe after that
