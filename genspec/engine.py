@@ -626,9 +626,10 @@ class SpeculativeEngine:
                                    for i in range(len(group.requests))])
 
     def _costly_length(self, drafter: Drafter, request: _Request, planned: int, draft_cost: DraftCost) -> int:
-        """What the costly ``drafter`` (the request's own, or its fallback) drafts for ``request``: the plan's length, or under the cost policy, when
-        the plan switched it off, a one-token probe now and then if one is affordable (:func:`probe_affordable`,
-        checked only when a probe is due)."""
+        """What the costly ``drafter`` (the request's own, or its fallback) drafts for ``request``: the plan's
+        length, or under the cost policy, when the plan switched it off, a one-token probe now and then if one
+        is affordable (:func:`probe_affordable`, checked only when a probe is due; the reading it weighs is
+        ``drafter``'s)."""
         if request.policy.policy != "cost":
             return planned
         def affordable() -> bool:
