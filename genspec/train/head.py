@@ -82,7 +82,7 @@ def choose_vocabulary(sequences: list[list[int]], size: int, always: tuple[int, 
     return most_frequent_tokens(Counter(t for s in sequences for t in s), size, always)[0]
 
 
-def _pieces(data: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def cut_pieces(data: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Sequences cut into pieces of at most ``length`` pairs (features f_0..f_{n-1}, tokens 0..n)."""
     out = []
     for tokens, features in data:
@@ -158,7 +158,9 @@ def draft_loss(draft: DistilledDraft, teacher: Teacher, tokens: torch.Tensor, fe
 LOSSES = {"head": head_loss, "medusa": medusa_loss, "draft": draft_loss}
 
 
-def _batch(pieces, indices):
+def pad_batch(pieces, indices):
+    """``(tokens [B, n + 1], features [B, n, H], mask [B, n - 1])`` of the pieces at ``indices``, right-padded
+    with zeros; ``mask`` marks the pairs with a known next feature (what the losses read)."""
     n = max(len(pieces[i][1]) for i in indices)
     hidden = pieces[indices[0]][1].shape[-1]
     tokens = torch.zeros(len(indices), n + 1, dtype=torch.long)
@@ -204,7 +206,7 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
         schedule.load_state_dict(state["schedule"])
         generator.set_state(state["generator"])
         step, log = state["step"], state["log"]
-    pieces, held = _pieces(train, settings.sequence_length), _pieces(held_out, settings.sequence_length)
+    pieces, held = cut_pieces(train, settings.sequence_length), cut_pieces(held_out, settings.sequence_length)
     if not pieces:
         raise ConfigError("no training data: every sequence is shorter than 3 tokens")
     if "held_out_before" not in log:
@@ -213,7 +215,7 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     started = time.perf_counter() - log["seconds"]
     while step < settings.steps:
         order = torch.randint(len(pieces), (settings.batch_size,), generator=generator).tolist()
-        tokens, features, mask = _batch(pieces, order)
+        tokens, features, mask = pad_batch(pieces, order)
         loss, regression, classification, agree = loss_of(head, teacher, tokens, features, mask, settings,
                                                            generator)
         optimizer.zero_grad()
@@ -251,7 +253,7 @@ def evaluate(head, teacher: Teacher, pieces, settings: TrainSettings,
     totals = {"loss": 0.0, "agreement": 0.0, "pairs": 0}
     quiet = TrainSettings(**{**asdict(settings), "noise": 0.0})
     for start in range(0, len(pieces), batch_size):
-        tokens, features, mask = _batch(pieces, list(range(start, min(start + batch_size, len(pieces)))))
+        tokens, features, mask = pad_batch(pieces, list(range(start, min(start + batch_size, len(pieces)))))
         loss, _, _, agree = loss_of(head, teacher, tokens, features, mask, quiet)
         pairs = int(mask.sum())
         totals["loss"] += float(loss) * pairs
