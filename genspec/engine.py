@@ -382,8 +382,7 @@ class SpeculativeEngine:
                                  drafter.default_draft_tokens if drafter is not None else DEFAULT_DRAFT_TOKENS)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
         request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs,
-                           self.draft_costs.get(name) if drafter is not None and (not drafter.free or drafter.fallback is not None)
-                           else None, eos,
+                           self.draft_costs.get(name) if drafter is not None and drafter.costly else None, eos,
                            sample_index, self.acceptance_memory.get((name, config.sampling.greedy)))
         self._waiting.append(request)
         return request.id

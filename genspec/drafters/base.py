@@ -229,6 +229,12 @@ class Drafter(ABC):
     #: fallback for the planned tokens (the free drafter's :meth:`start` / :meth:`finish` must reach it, and
     #: so must the target's hidden states if it reads them: they come with the free proposal)
     fallback: "Drafter | None" = None
+
+    @property
+    def costly(self) -> bool:
+        """Some of its drafts cost model time (it is costly, or free with a costly ``fallback``): the engine
+        plans them with the draft cost it measures per drafter."""
+        return not self.free or self.fallback is not None
     #: a costly drafter's time per draft position, in plain target steps, assumed until the engine has
     #: measured it (:class:`genspec.draft_length.DraftCost`): a model the size of half the target by default
     #: (early exit and layer skip also run the full head); heads on the target's features cost far less
