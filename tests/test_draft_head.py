@@ -216,6 +216,21 @@ def test_a_head_for_another_model_or_no_head_is_a_clear_error(tmp_path, tiny_tar
         HeadDrafter.for_target(tiny_target)
 
 
+def test_the_hybrid_looks_up_with_the_suffix_drafter_unless_told_otherwise(tmp_path, tiny_target):
+    """The default lookup (chosen on unmeasured prompts: genspec.drafters.hybrid.DEFAULT_LOOKUP) is the
+    suffix drafter; ``lookup=prompt-lookup`` keeps the other; an unknown lookup is a clear error."""
+    from genspec.drafters import PromptLookupDrafter
+    from genspec.drafters.hybrid import HybridDrafter
+    from genspec.drafters.suffix import SuffixDrafter
+
+    save_head(tmp_path / "head", _head(), list(range(3, 64)), target_fingerprint(tiny_target))
+    path = str(tmp_path / "head")
+    assert isinstance(HybridDrafter.for_target(tiny_target, path=path).lookup, SuffixDrafter)
+    assert isinstance(HybridDrafter.for_target(tiny_target, path=path, lookup="prompt-lookup").lookup, PromptLookupDrafter)
+    with pytest.raises(ConfigError, match="unknown lookup"):
+        HybridDrafter.for_target(tiny_target, path=path, lookup="nope")
+
+
 def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_dir):
     """The command end to end on the tiny model (a few steps): a head is written, ``--drafter head``
     loads it and greedy output equals plain; a second run into the same directory is refused."""

@@ -25,10 +25,17 @@ from genspec.errors import ConfigError
 HEAD_EVIDENCE = "head"
 #: the lookups a hybrid can use, by ``lookup`` option
 LOOKUPS = {"prompt-lookup": PromptLookupDrafter, "suffix": SuffixDrafter}
+#: the default lookup, chosen on Spec-Bench prompts that ``genspec bench`` does not measure and the head
+#: never trained on (each category's 3rd and 4th; embedded model, greedy, 128 tokens, 2 repeats, 2-core AMD
+#: EPYC): suffix + head 2.27x [2.26-2.29] plain against 2.22x [2.17-2.27] with prompt lookup, ahead in both
+#: repeats and fastest in 9 of 13 categories (``genspec bench --methods "hybrid,hybrid:lookup=suffix"
+#: --skip-prompts 2 --num-prompts 2 --max-new-tokens 128 --repeats 2``, run while prompt lookup was the
+#: default; benchmarks/results/hybrid_lookup_unmeasured)
+DEFAULT_LOOKUP = "suffix"
 
 
 class HybridDrafter(Drafter):
-    """Options: ``path`` (the head), ``lookup`` (``prompt-lookup``, the default, or ``suffix``),
+    """Options: ``path`` (the head), ``lookup`` (``suffix``, the default, or ``prompt-lookup``),
     ``min_match`` (the lookup match length that wins, default 3), ``tree_nodes`` / ``tree_top_k`` (the
     head's tree); other options go to the lookup (``max_ngram`` for prompt lookup, ``factor``,
     ``num_candidates``, ... for suffix)."""
@@ -49,7 +56,7 @@ class HybridDrafter(Drafter):
         self.default_draft_tokens = lookup.default_draft_tokens
 
     @classmethod
-    def for_target(cls, target, path: str | None = None, lookup: str = "prompt-lookup", min_match: int = 3,
+    def for_target(cls, target, path: str | None = None, lookup: str = DEFAULT_LOOKUP, min_match: int = 3,
                    tree_nodes: int = 0, tree_top_k: int = 4, **lookup_options) -> "HybridDrafter":
         if lookup not in LOOKUPS:
             raise ConfigError(f"unknown lookup {lookup!r} for the hybrid; choose from {', '.join(LOOKUPS)}")
