@@ -235,6 +235,7 @@ class Drafter(ABC):
         """Some of its drafts cost model time (it is costly, or free with a costly ``fallback``): the engine
         plans them with the draft cost it measures per drafter."""
         return not self.free or self.fallback is not None
+
     #: a costly drafter's time per draft position, in plain target steps, assumed until the engine has
     #: measured it (:class:`genspec.draft_length.DraftCost`): a model the size of half the target by default
     #: (early exit and layer skip also run the full head); heads on the target's features cost far less
