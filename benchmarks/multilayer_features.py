@@ -36,7 +36,8 @@ import genspec
 from genspec.models.distilled import local_ids
 from genspec.models.draft_head import DraftHead, HeadConfig
 from genspec.train.data import Sequences
-from genspec.train.head import Teacher, TrainSettings, choose_vocabulary, cut_pieces, head_loss, pad_batch
+from genspec.train.head import (Teacher, TrainSettings, choose_vocabulary, cut_pieces, evaluate, feature_loss, head_loss,
+                                pad_batch)
 
 #: ``hidden_states`` indices kept besides the final feature (outputs of layers 2, 8 and 13 of 18)
 LAYERS = (3, 9, 14)
@@ -88,17 +89,7 @@ def fused_loss(head, teacher, tokens, features, mask, settings, generator=None):
             noisy.append(part + settings.noise * scale * (torch.rand(part.shape, generator=generator) * 2 - 1))
         inputs = torch.cat(noisy, -1)
     predicted = head(inputs, teacher.embed(tokens[:, 1:-1]).to(features.dtype))
-    wanted = features[:, 1:, -hidden:]
-    regression = nn.functional.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
-    draft = teacher.logits_of(predicted).float().log_softmax(-1)
-    with torch.no_grad():
-        target_logits = teacher.logits_of(wanted).float()
-    classification = -(target_logits.softmax(-1) * draft).sum(-1)
-    weight = mask.float()
-    total = weight.sum().clamp(min=1)
-    regression, classification = (regression * weight).sum() / total, (classification * weight).sum() / total
-    agree = ((draft.argmax(-1) == target_logits.argmax(-1)).float() * weight).sum() / total
-    return regression + settings.classification_weight * classification, regression, classification, agree
+    return feature_loss(predicted, features[:, 1:, -hidden:], teacher, mask, settings)
 
 
 def train(sequences: str, path: str, variant: str, steps: int) -> None:
@@ -124,17 +115,6 @@ def train(sequences: str, path: str, variant: str, steps: int) -> None:
     held = cut_pieces([data[i] for i in saved["held_out"]], 256)
     print(variant, "params", sum(p.numel() for p in head.parameters()), "pieces", len(pieces), len(held), flush=True)
 
-    def held_out_agreement() -> float:
-        head.eval()
-        agree = pairs = 0
-        with torch.no_grad():
-            for start in range(0, len(held), 16):
-                tokens, features, mask = pad_batch(held, list(range(start, min(start + 16, len(held)))))
-                *_, a = loss_of(head, teacher, tokens, features, mask, TrainSettings(noise=0.0))
-                agree, pairs = agree + float(a) * int(mask.sum()), pairs + int(mask.sum())
-        head.train()
-        return agree / pairs
-
     started = time.perf_counter()
     for step in range(1, steps + 1):
         tokens, features, mask = pad_batch(pieces, torch.randint(len(pieces), (8,), generator=generator).tolist())
@@ -147,7 +127,7 @@ def train(sequences: str, path: str, variant: str, steps: int) -> None:
         if step % 100 == 0 or step == steps:
             line = f"{variant} step {step} loss {loss.item():.3f} train-agree {agree.item():.3f} {time.perf_counter() - started:.0f}s"
             if step % 300 == 0 or step == steps:
-                line += f" HELD-OUT agreement {held_out_agreement():.4f}"
+                line += f" HELD-OUT agreement {evaluate(head, teacher, held, settings, loss_of)['agreement']:.4f}"
             print(line, flush=True)
 
 

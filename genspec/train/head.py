@@ -103,7 +103,13 @@ def head_loss(head: DraftHead, teacher: Teacher, tokens: torch.Tensor, features:
         noise = torch.rand(inputs.shape, generator=generator, dtype=inputs.dtype) * 2 - 1
         inputs = inputs + settings.noise * scale * noise
     predicted = head(inputs, teacher.embed(tokens[:, 1:-1]).to(features.dtype))  # predicts f_1..f_{n-1}
-    wanted = features[:, 1:]
+    return feature_loss(predicted, features[:, 1:], teacher, mask, settings)
+
+
+def feature_loss(predicted: torch.Tensor, wanted: torch.Tensor, teacher: Teacher, mask: torch.Tensor,
+                 settings: TrainSettings):
+    """EAGLE's loss of predicted features ``[B, n, H]`` against the target's ``wanted`` ones, over the pairs
+    in ``mask``: ``(loss, regression, classification, top-1 agreement)`` as :func:`head_loss` returns them."""
     regression = torch.nn.functional.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
     draft = teacher.logits_of(predicted).float().log_softmax(-1)
     with torch.no_grad():
