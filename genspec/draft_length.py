@@ -22,8 +22,17 @@ dropped and strong ones drafted long, in the same request. A drafter that costs 
 before the policy decides (the decision can use the evidence) and is scored on what it would have
 proposed when nothing is verified (a new evidence level starts no higher than what the row's
 other levels have shown, so a request where lookups are mostly wrong does not pay to learn each level); a costly one is asked for the policy's k and, when switched off,
-probed with a single token after 8, 16, 32, ... idle steps (until its time is measured, a draft position is priced
+probed with a single token now and then (until its time is measured, a draft position is priced
 at what the drafter declares, ``Drafter.draft_cost_prior``: a new engine does not draft blind with it).
+
+Probes are priced: a probe costs its draft position and the wider verify block, and probes may spend
+``PROBE_SHARE`` of the idle time, so a drafter whose probe costs 0.6 of a plain step is probed after 6
+idle steps, a trained head (0.08 of a step to draft, 0.1 to verify one token more) after 2. Each probe
+that fails doubles the wait (up to 256 steps), so a useless drafter costs less and less; one that is
+kept brings it back. The fixed 8, 16, 32, ... idle steps before this were built for drafters costing half a
+step: the head, whose first token is kept 0.44 of the time, was switched off for good after a few
+misses and ran at 1.18x plain where drafting one token always ran at 1.27x (Spec-Bench prompts the
+benchmark does not measure: benchmarks/results/head_policy_unmeasured).
 
 Before anything is measured the policy assumes verifying k + 1 tokens costs ``1 + 0.1 k`` plain
 steps (near what the embedded model measures on a CPU: 1.12x for 2 tokens, 1.32x for 8), so the
@@ -58,6 +67,7 @@ seen. With one request this is the rule above.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,9 +77,12 @@ from genspec.theory.leviathan import expected_tokens_per_call
 POLICIES = ("fixed", "heuristic", "cost")
 #: how much faster than plain decoding the cost policy's estimate must be before it drafts at all
 MARGIN = 1.1
-#: a probe of a switched-off costly drafter may cost at most this share of the plain decoding time its
-#: request has left (:func:`probe_affordable`): issue 16's bound for drafters that turn out useless
+#: probes of a switched-off costly drafter spend at most this share of the idle time (:meth:`DraftLength.probe_wait`),
+#: and a probe may cost at most this share of the plain decoding time its request has left
+#: (:func:`probe_affordable`): issue 16's bound for drafters that turn out useless
 PROBE_SHARE = 0.1
+#: the longest wait, in idle steps, between probes of a switched-off costly drafter
+MAX_PROBE_WAIT = 256
 #: after the first, one plan in this many (among those where a width not yet measured would win at the
 #: growth prior's cost) drafts that width to measure it: exploring a 2.5-plain-step block that gains 1.5
 #: tokens wastes about one step, so at most ~1/16 of a step per step while a width is unmeasured
@@ -332,9 +345,10 @@ class DraftLength:
         self.memory = memory
         self._prior = (prior_alpha, prior_later, prior_weight, decay)
         self.acceptance: dict[object, Acceptance] = {}
-        # a drafter switched off is probed with one token now and then, less often each time it fails
+        # a drafter switched off is probed with one token now and then, less often each time a probe fails
         self.idle_steps = 0
-        self.probe_every = 8
+        self.probe_backoff = 1  # the priced wait between probes is multiplied by this
+        self._probing = False
 
     def estimate(self, evidence=None) -> Acceptance:
         """The acceptance counts for proposals backed by ``evidence`` (None: no evidence). A level seen
@@ -375,24 +389,37 @@ class DraftLength:
         """The planned length, or after too many steps without drafting a one-token probe. ``probe`` may be
         a check asked only when a probe is due (whether it is affordable: it reads the request's sequence,
         which is not work for every decode step); if it says no, the probe waits another round."""
+        self._probing = False
         if planned > 0:
-            self.idle_steps, self.probe_every = 0, 8
+            self.idle_steps, self.probe_backoff = 0, 1
             return planned
         if not probe:
             return 0
         self.idle_steps += 1
-        if self.idle_steps >= self.probe_every:  # probe: one draft token, to re-estimate
+        if self.idle_steps >= self.probe_wait():  # probe: one draft token, to re-estimate
             self.idle_steps = 0
             if callable(probe) and not probe():
                 return 0
-            self.probe_every = min(2 * self.probe_every, 256)
+            self._probing = True
             return 1
         return 0
+
+    def probe_wait(self) -> int:
+        """Idle steps before the next probe: the probe's price (its draft position and one verified token
+        more, in plain steps of one row) over ``PROBE_SHARE``, times the backoff of failed probes (at most
+        ``MAX_PROBE_WAIT``)."""
+        step = self.costs.verify_cost(1)
+        drafting = self.draft_cost.steps(step) if self.draft_cost is not None else 0.0
+        price = drafting + self.costs.relative(2) - 1
+        return min(max(1, math.ceil(price / PROBE_SHARE - 1e-9)) * self.probe_backoff, MAX_PROBE_WAIT)
 
     def update(self, drafted: int, accepted: int, evidence=None) -> None:
         """Record a verified draft of ``drafted`` tokens of which ``accepted`` were kept."""
         if drafted <= 0:
             return
+        if self._probing:  # a kept probe brings the drafter's probes back; a failed one waits twice as long
+            self._probing = False
+            self.probe_backoff = 1 if accepted else min(2 * self.probe_backoff, MAX_PROBE_WAIT)
         self.estimate(evidence).record(drafted, accepted)
         if self.memory is not None:
             self.memory.record(evidence, drafted, accepted)

@@ -69,7 +69,22 @@ def test_adaptive_policies_keep_greedy_output(policy):
         assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
 
 
-def test_switched_off_drafter_is_probed_with_backoff():
+def _probes(policy: DraftLength, steps: int, kept=lambda n: False) -> list[int]:
+    """The steps at which a switched-off ``policy`` probes (one token each, verified: the ``n``-th probe
+    kept if ``kept(n)``), over ``steps`` steps."""
+    at = []
+    for i in range(steps):
+        k = policy.limit()
+        if k:
+            assert k == 1
+            policy.update(drafted=1, accepted=int(kept(len(at))))
+            at.append(i)
+    return at
+
+
+def test_switched_off_drafter_is_probed_at_its_price_with_backoff():
+    """Probes spend a tenth of the idle time at their price: verifying 2 tokens costs 2 plain steps here
+    (one step more), so the first probe comes after 10 idle steps; each failed probe doubles the wait."""
     costs = CostModel()
     costs.observe_verify(1, 0.1)
     for width in range(2, 10):
@@ -77,10 +92,26 @@ def test_switched_off_drafter_is_probed_with_backoff():
     policy = DraftLength("cost", k_max=8, cost_model=costs)
     for _ in range(30):
         policy.update(drafted=8, accepted=0)
-    limits = [policy.limit() for _ in range(8 + 16 + 32)]
-    probes = [i for i, k in enumerate(limits) if k]
-    assert [limits[i] for i in probes] == [1, 1, 1]
-    assert probes == [7, 7 + 16, 7 + 16 + 32]
+    assert _probes(policy, 10 + 20 + 40) == [9, 9 + 20, 9 + 20 + 40]
+
+
+def test_a_cheap_drafter_is_probed_often_and_a_kept_probe_ends_the_backoff():
+    """A head costing 0.08 of a plain step per token, with one token more verified at 0.1 of a step: a
+    probe costs 0.18 steps, so one comes every 2 idle steps; two failures wait 4 then 8, and a kept probe
+    (whose estimate is still too low to draft) brings the wait back to 2. A drafter at the prior (half a
+    step per position) waits 6."""
+    costs = CostModel()
+    for width in range(1, 10):
+        costs.observe_verify(width, 0.1 * (1 + 0.1 * (width - 1)))
+    head = DraftCost()
+    head.observe(positions=1, seconds=0.008)
+    policy = DraftLength("cost", k_max=8, cost_model=costs, draft_cost=head)
+    for _ in range(30):
+        policy.update(drafted=4, accepted=0)
+    assert policy.probe_wait() == 2
+    assert _probes(policy, 2 + 4 + 8 + 2 + 4, kept=lambda n: n == 2) == [1, 5, 13, 15, 19]
+    prior = DraftLength("cost", k_max=8, cost_model=costs, draft_cost=DraftCost())
+    assert prior.probe_wait() == 6
 
 
 @pytest.mark.parametrize("policy, seed", [("heuristic", 41), ("cost", 42)])
@@ -521,7 +552,7 @@ def test_an_unmeasured_costly_drafter_is_priced_at_its_prior_not_free():
     free, costly = DraftLength("cost", 8, costs), DraftLength("cost", 8, costs, DraftCost())
     assert free.limit(probe=False) > 0  # the prior acceptance pays for a drafter that costs nothing
     assert costly.limit(probe=False) == 0
-    assert [costly.limit() for _ in range(8)] == [0] * 7 + [1]  # probed with one token after 8 idle steps
+    assert [costly.limit() for _ in range(6)] == [0] * 5 + [1]  # a probe costs 0.5 + 0.1 steps: after 6 idle ones
     assert DraftCost().steps(0.1) == 0.5
     cheap = DraftCost()
     cheap.observe(positions=4, seconds=0.04)  # a tenth of a plain step per position
