@@ -27,7 +27,8 @@ at what the drafter declares, ``Drafter.draft_cost_prior``: a new engine does no
 
 Probes are priced: a probe costs its draft position and the wider verify block, and probes may spend
 ``PROBE_SHARE`` of the idle time, so a drafter whose probe costs 0.6 of a plain step is probed after 6
-idle steps, a trained head (0.08 of a step to draft, 0.1 to verify one token more) after 2. Each probe
+idle steps, a trained head (0.076 of a step to draft, 0.05 to verify one token more: the report of
+benchmarks/results/head_policy_unmeasured) after 2. Each probe
 that fails doubles the wait (up to 256 steps), so a useless drafter costs less and less; one that is
 kept brings it back. The fixed 8, 16, 32, ... idle steps before this were built for drafters costing half a
 step: the head, whose first token is kept 0.44 of the time, was switched off for good after a few
