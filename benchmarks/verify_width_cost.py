@@ -12,9 +12,9 @@ measurement, as :func:`genspec.calibration.step_time` does):
      (``target.hidden_states``), so head = (a) - decoder;
  (b) the LM head alone (262,144 x 640 fp32) with each exact kernel genspec has: the chunked ``bmm`` over
      the transposed copy, ``W @ x.T``, and what :class:`genspec.models.head.LMHead` picks for that many rows;
- (c) the decoder's linear layers alone (all of them, once each, on that many rows), with the kernels of
-     :class:`genspec.models.hf.TransposedLinear` (``x @ W_t`` for one row, ``W @ x.T`` for more) and with
-     ``F.linear`` (what transformers runs).
+ (c) the decoder's linear layers alone (all of them, once each, on that many rows): ``x @ W_t`` over a
+     transposed copy (genspec's one-row kernel until 2026-11-26), ``W @ x.T``, ``F.linear`` (what
+     transformers runs) and :class:`genspec.models.hf.TransposedLinear` as it is now.
 
 Widths are interleaved within each repeat (a background load shifts all widths alike); each cell is
 ``median / min`` over repeats (noise only adds time, so on a shared CPU the minimum is the steadier
@@ -89,9 +89,11 @@ def main() -> None:
         "W @ x.T": lambda x: (head.weight @ x.T).T,
     }
     linears = [m for m in target.decoder.modules() if isinstance(m, TransposedLinear)]
+    transposed = [m.weight.detach().t().contiguous() for m in linears]  # the one-row kernel genspec ran before
     inputs = {n: torch.randn(max(widths), n) for n in {m.in_features for m in linears}}
     layer_kernels = {
-        "lin x @ W_t": lambda rows: [inputs[m.in_features][:rows] @ m.weight_t for m in linears],
+        "lin x @ W_t": lambda rows: [inputs[m.in_features][:rows] @ w_t for m, w_t in zip(linears, transposed)],
+        "lin genspec": lambda rows: [m(inputs[m.in_features][:rows]) for m in linears],
         "lin W @ x.T": lambda rows: [(m.weight @ inputs[m.in_features][:rows].T).T for m in linears],
         "lin F.linear": lambda rows: [F.linear(inputs[m.in_features][:rows], m.weight) for m in linears],
     }

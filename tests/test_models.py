@@ -123,8 +123,8 @@ def test_a_two_row_lm_head_takes_the_chunked_kernel():
 def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count():
     """The kernel ranking differs between CPUs (2 rows: bmm 32 ms against W @ x.T 21 ms on the EPYC VM,
     the reverse on the Intel one), so a tuned head alternates both kernels on a row count's first calls and
-    keeps the faster; every call returns the exact product. A fake clock makes the gemm faster at 2 rows
-    and the bmm faster at 5."""
+    keeps the faster; every call returns the exact product. A fake clock makes the gemm faster at 1 row
+    (computed as two) and at 2 rows, and the bmm faster at 5."""
     from genspec.models.head import KERNELS, TUNE_TRIALS, LMHead
 
     class FakeClock:  # read twice per timed call: the second reading is ``duration`` later
@@ -140,20 +140,21 @@ def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count()
     clock = FakeClock()
     weight = torch.randn(2100, 16, dtype=torch.float64)
     head = LMHead(weight, tune=True, clock=clock)
-    speed = {(2, "gemm"): 1.0, (2, "chunked"): 3.0, (5, "gemm"): 4.0, (5, "chunked"): 2.0}
-    seen: dict[int, list[str]] = {2: [], 5: []}
+    speed = {(1, "gemm"): 1.0, (1, "chunked"): 2.0, (2, "gemm"): 1.0, (2, "chunked"): 3.0,
+             (5, "gemm"): 4.0, (5, "chunked"): 2.0}
+    seen: dict[int, list[str]] = {1: [], 2: [], 5: []}
     for _ in range(2 * TUNE_TRIALS + 3):
-        for rows in (2, 5):
+        for rows in (1, 2, 5):
             kernel = head.kernel(rows)
             seen[rows].append(kernel)
             clock.duration = speed[(rows, kernel)]
             hidden = torch.randn(rows, 16, dtype=torch.float64)
             assert torch.allclose(head(hidden), hidden @ weight.T, atol=1e-12, rtol=0)
-    assert head.chosen() == {2: "gemm", 5: "chunked"}
-    for rows in (2, 5):  # both kernels timed TUNE_TRIALS times, then only the winner, untimed
+    assert head.chosen() == {1: "gemm", 2: "gemm", 5: "chunked"}
+    for rows in (1, 2, 5):  # both kernels timed TUNE_TRIALS times, then only the winner, untimed
         assert sorted(seen[rows][:2 * TUNE_TRIALS]) == sorted(KERNELS * TUNE_TRIALS)
         assert set(seen[rows][2 * TUNE_TRIALS:]) == {head.chosen()[rows]}
-    assert clock.readings == 2 * 2 * 2 * TUNE_TRIALS
+    assert clock.readings == 3 * 2 * 2 * TUNE_TRIALS
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 12, 13, 40])

@@ -38,6 +38,9 @@ ones returned, so nothing is computed twice), and after ``TUNE_TRIALS`` calls of
 benchmarks/results/verify_width_cost_wide.txt) the fixed choice lost 11 ms of a 72 ms verify step at 2 rows
 (``bmm`` 32 ms, ``W @ x.T`` 21 ms) and 46 ms of 190 ms at 12 rows (``W @ x.T`` 109 ms, ``bmm`` 63 ms). Small
 heads (tests' random models) and heads on other devices keep the fixed choice above, deterministically.
+The gemm computes one row as two (MKL's GEMV is slower than its two-column GEMM): on the EPYC VM one row
+then takes 19-22 ms against the ``bmm``'s 19-24 ms and 61-65 ms as a GEMV
+(benchmarks/results/verify_width_cost_two_column.txt), so the timing may pick either.
 """
 from __future__ import annotations
 
@@ -120,8 +123,9 @@ class LMHead:
         kernel = self.kernel(count)
         timing = self.tune and count not in self._chosen
         start = self._clock() if timing else 0.0
-        if kernel == "gemm":
-            logits = (self.weight @ rows.T).T
+        if kernel == "gemm":  # one row as two, as in TransposedLinear: MKL's GEMV is the slower kernel
+            columns = rows.repeat(2, 1) if count == 1 else rows
+            logits = (self.weight @ columns.T).T[:count]
         else:
             chunks = self.chunked_t.shape[0]
             out = torch.bmm(rows.unsqueeze(0).expand(chunks, -1, -1), self.chunked_t)  # [C, R, CHUNK]

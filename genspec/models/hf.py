@@ -11,8 +11,8 @@ The LM head is applied by genspec (:class:`genspec.models.head.LMHead`), only to
 with the fastest exact CPU kernel for the number of rows (one or two rows: a chunked ``bmm`` over a
 transposed copy; 3-12 rows: one ``W @ x.T``); with a 262k vocabulary that halves a decode step's head and makes
 verifying a draft much cheaper than ``F.linear`` (benchmarks/step_cost.py).
-The decoder's ``nn.Linear`` layers are swapped for :class:`TransposedLinear` (``x @ W.T``
-stored contiguous), which is exact and faster for the 1-16 row products of decoding on CPU.
+The decoder's ``nn.Linear`` layers are swapped for :class:`TransposedLinear` (``(W @ x.T).T``, one row
+computed as two), which is exact and faster for the 1-16 row products of decoding on CPU.
 """
 from __future__ import annotations
 
@@ -455,28 +455,29 @@ def _filled_layers(cache):
 
 
 class TransposedLinear(torch.nn.Module):
-    """``nn.Linear`` computed with the faster CPU kernel for the number of rows, exactly.
+    """``nn.Linear`` computed as the transposed product ``(W @ x.T).T``, the faster CPU kernel for the
+    few rows of decoding, exactly (the same fp32 products; only the BLAS's summation order differs).
 
-    Keeps the original weight ``[out, in]`` (shared with the model, not copied) and a contiguous
-    transposed copy ``[in, out]``: one row (a decode step) runs ``x @ weight_t``, two or more rows (a
-    verification block, a prefill) run ``(weight @ x.T).T``. With MKL on a 2-core CPU the first is about
-    1.4x faster for one row and the second 2-3x faster for 2-16 rows than either alone
-    (benchmarks/step_cost.py, section "decoder linears"). The copy costs the decoder's weight memory once
-    more; ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
+    One row is duplicated to two: MKL's two-column GEMM beats its one-column GEMV (and ``x @ W.T`` on a
+    transposed copy, what this class ran before) over the whole decoder, 25-37 ms against 40-49 ms a step
+    on the embedded model; the result is made contiguous because a transposed view sends every later op
+    of the layer (norms, RoPE, attention) down a strided path: the CPU flash attention refuses a query
+    whose last dimension is strided and falls back to the math kernel, and a 3-token verify's decoder
+    took 57 ms against 45 ms contiguous (2-core AMD EPYC, torch 2.13, MKL; median of 12;
+    ``python benchmarks/verify_width_cost.py``). Shares the original weight, so no copy is kept;
+    ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
-        self.weight_t = torch.nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] == 1:
-            out = rows @ self.weight_t
-        else:
-            out = (self.weight @ rows.T).T
+        count = rows.shape[0]
+        columns = rows.repeat(2, 1) if count == 1 else rows  # a copy: a stride-0 view takes a slow path
+        out = (self.weight @ columns.T).T[:count].contiguous()
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
