@@ -28,12 +28,16 @@ at what the drafter declares, ``Drafter.draft_cost_prior``: a new engine does no
 Probes are priced: a probe costs its draft position and the wider verify block, and probes may spend
 ``PROBE_SHARE`` of the idle time, so a drafter whose probe costs 0.6 of a plain step is probed after 6
 idle steps, a trained head (0.076 of a step to draft, 0.05 to verify one token more: the report of
-benchmarks/results/head_policy_unmeasured) after 2. Each probe
-that fails doubles the wait (up to 256 steps), so a useless drafter costs less and less; one that is
-kept brings it back. The fixed 8, 16, 32, ... idle steps before this were built for drafters costing half a
-step: the head, whose first token is kept 0.44 of the time, was switched off for good after a few
-misses and ran at 1.18x plain where drafting one token always ran at 1.27x (Spec-Bench prompts the
-benchmark does not measure: benchmarks/results/head_policy_unmeasured).
+benchmarks/results/head_policy_unmeasured) after 2. That wait is multiplied by a backoff that each probe
+moves: a failed one multiplies it by 2^price, a kept one by 2^(price - 1) (price in plain steps, capped at
+1, so a probe that cannot pay doubles it on failure as before). Its logarithm is a random walk with drift
+price - acceptance: it grows, and probes thin out up to 256 idle steps apart, only while the probes are
+kept less often than the break-even acceptance of a one-token draft, which is the probe's price. Doubling
+on every failure (and resetting on a kept probe) grew without bound for any drafter kept less than half
+the time: the head, whose first token is kept 0.44 of the time, went unprobed for most of an answer
+once a few probes failed, and with the two-column kernels (a 2-token verify 0.97 of a plain step) ran at
+1.20x plain against 1.35x for drafting one token always, on Spec-Bench prompts the benchmark does not
+measure (drafting at 1,434 of 2,421 steps; ``python benchmarks/run_counts.py`` on that run).
 
 Before anything is measured the policy assumes verifying k + 1 tokens costs ``1 + 0.1 k`` plain
 steps (near what the embedded model measures on a CPU: 1.12x for 2 tokens, 1.32x for 8), so the
@@ -348,7 +352,7 @@ class DraftLength:
         self.acceptance: dict[object, Acceptance] = {}
         # a drafter switched off is probed with one token now and then, less often each time a probe fails
         self.idle_steps = 0
-        self.probe_backoff = 1  # the priced wait between probes is multiplied by this
+        self.probe_backoff = 1.0  # the priced wait between probes is multiplied by this
         self._probing = False
 
     def estimate(self, evidence=None) -> Acceptance:
@@ -392,7 +396,7 @@ class DraftLength:
         which is not work for every decode step); if it says no, the probe waits another round."""
         self._probing = False
         if planned > 0:
-            self.idle_steps, self.probe_backoff = 0, 1
+            self.idle_steps, self.probe_backoff = 0, 1.0
             return planned
         if not probe:
             return 0
@@ -405,22 +409,28 @@ class DraftLength:
             return 1
         return 0
 
-    def probe_wait(self) -> int:
-        """Idle steps before the next probe: the probe's price (its draft position and one verified token
-        more, in plain steps of one row) over ``PROBE_SHARE``, times the backoff of failed probes (at most
-        ``MAX_PROBE_WAIT``)."""
+    def probe_price(self) -> float:
+        """A probe's price in plain steps of one row: its draft position and one verified token more. It is
+        also the break-even acceptance of a one-token draft (a kept token saves one plain step)."""
         step = self.costs.verify_cost(1)
         drafting = self.draft_cost.steps(step) if self.draft_cost is not None else 0.0
-        price = drafting + self.costs.relative(2) - 1
-        return min(max(1, math.ceil(price / PROBE_SHARE - 1e-9)) * self.probe_backoff, MAX_PROBE_WAIT)
+        return max(0.0, drafting + self.costs.relative(2) - 1)
+
+    def probe_wait(self) -> int:
+        """Idle steps before the next probe: the probe's price over ``PROBE_SHARE``, times the backoff of
+        failed probes (at most ``MAX_PROBE_WAIT``)."""
+        base = max(1, math.ceil(self.probe_price() / PROBE_SHARE - 1e-9))
+        return min(math.ceil(base * self.probe_backoff - 1e-9), MAX_PROBE_WAIT)
 
     def update(self, drafted: int, accepted: int, evidence=None) -> None:
         """Record a verified draft of ``drafted`` tokens of which ``accepted`` were kept."""
         if drafted <= 0:
             return
-        if self._probing:  # a kept probe brings the drafter's probes back; a failed one waits twice as long
+        if self._probing:  # the backoff walks with drift (break-even - acceptance): see the module docstring
             self._probing = False
-            self.probe_backoff = 1 if accepted else min(2 * self.probe_backoff, MAX_PROBE_WAIT)
+            price = min(1.0, self.probe_price())
+            self.probe_backoff = min(max(1.0, self.probe_backoff * 2 ** (price - 1 if accepted else price)),
+                                     MAX_PROBE_WAIT)
         self.estimate(evidence).record(drafted, accepted)
         if self.memory is not None:
             self.memory.record(evidence, drafted, accepted)

@@ -1,10 +1,12 @@
 """Draft-length policies: fixed, heuristic schedule, cost-aware choice."""
 from __future__ import annotations
 
+import math
+
 import pytest
 from tiny_models import tiny_llama
 
-from genspec.draft_length import EXPLORE_EVERY, CostModel, DraftCost, DraftLength, RowPlan, plan, probe_affordable
+from genspec.draft_length import EXPLORE_EVERY, MAX_PROBE_WAIT, CostModel, DraftCost, DraftLength, RowPlan, plan, probe_affordable
 from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
 from genspec.drafters.base import DraftRequest, RequestContext
 from genspec.engine import SpeculativeEngine
@@ -95,21 +97,43 @@ def test_switched_off_drafter_is_probed_at_its_price_with_backoff():
     assert _probes(policy, 10 + 20 + 40) == [9, 9 + 20, 9 + 20 + 40]
 
 
-def test_a_cheap_drafter_is_probed_often_and_a_kept_probe_ends_the_backoff():
+def _probe_waits(policy: DraftLength, kept: list[bool]) -> list[int]:
+    """Idle steps before each probe of a drafter the plan keeps switched off (``after_plan(0)``), whose
+    probes are kept as ``kept`` says."""
+    waits, idle = [], 0
+    for outcome in kept:
+        while not policy.after_plan(0, probe=True):
+            idle += 1
+        waits.append(idle + 1)
+        idle = 0
+        policy.update(drafted=1, accepted=int(outcome))
+    return waits
+
+
+def test_a_cheap_drafter_is_probed_often_and_its_backoff_follows_break_even():
     """A head costing 0.08 of a plain step per token, with one token more verified at 0.1 of a step: a
-    probe costs 0.18 steps, so one comes every 2 idle steps; two failures wait 4 then 8, and a kept probe
-    (whose estimate is still too low to draft) brings the wait back to 2. A drafter at the prior (half a
-    step per position) waits 6."""
+    probe costs 0.18 steps, which is also the break-even acceptance of a one-token draft, so one comes
+    every 2 idle steps, and the backoff moves by 2^0.18 per failed probe and 2^-0.82 per kept one. Probes
+    kept half the time (above break-even) keep the wait at 2 or 3; probes never kept, or kept 1 time in 10
+    (below break-even), thin out to the longest wait. A drafter at the prior (half a step per position)
+    waits 6."""
     costs = CostModel()
     for width in range(1, 10):
         costs.observe_verify(width, 0.1 * (1 + 0.1 * (width - 1)))
     head = DraftCost()
     head.observe(positions=1, seconds=0.008)
-    policy = DraftLength("cost", k_max=8, cost_model=costs, draft_cost=head)
-    for _ in range(30):
-        policy.update(drafted=4, accepted=0)
-    assert policy.probe_wait() == 2
-    assert _probes(policy, 2 + 4 + 8 + 2 + 4, kept=lambda n: n == 2) == [1, 5, 13, 15, 19]
+
+    def policy() -> DraftLength:
+        return DraftLength("cost", k_max=8, cost_model=costs, draft_cost=head)
+
+    assert policy().probe_price() == pytest.approx(0.18)
+    assert policy().probe_wait() == 2
+    failing = _probe_waits(policy(), [False] * 80)
+    expected = [2] + [min(MAX_PROBE_WAIT, math.ceil(2 * 2 ** (0.18 * n) - 1e-9)) for n in range(1, 80)]
+    assert failing == expected and failing[-1] == MAX_PROBE_WAIT
+    assert set(_probe_waits(policy(), [n % 2 == 0 for n in range(80)])) == {2, 3}  # 3 after a failed one
+    rare = _probe_waits(policy(), [n % 10 == 9 for n in range(300)])
+    assert rare[:10] == failing[:10] and rare[10] < rare[9] and rare[-1] == MAX_PROBE_WAIT
     prior = DraftLength("cost", k_max=8, cost_model=costs, draft_cost=DraftCost())
     assert prior.probe_wait() == 6
 
