@@ -8,8 +8,8 @@ position ids. That one mechanism gives chains, token trees, ragged batches and e
 every architecture whose attention takes a prepared 4-D mask (Llama, Gemma 3, Qwen, Mistral, ...).
 
 The LM head is applied by genspec (:class:`genspec.models.head.LMHead`), only to the rows that need it,
-with the fastest exact CPU kernel for the number of rows (one or two rows: a chunked ``bmm`` over a
-transposed copy; 3-12 rows: one ``W @ x.T``); with a 262k vocabulary that halves a decode step's head and makes
+with the fastest exact CPU kernel for the number of rows (a chunked ``bmm`` over a transposed copy or one
+``W @ x.T``, timed per row count on a large head); with a 262k vocabulary that halves a decode step's head and makes
 verifying a draft much cheaper than ``F.linear`` (benchmarks/step_cost.py).
 The decoder's ``nn.Linear`` layers are swapped for :class:`TransposedLinear` (``(W @ x.T).T``, one row
 computed as two), which is exact and faster for the 1-16 row products of decoding on CPU.
