@@ -37,7 +37,9 @@ on every failure (and resetting on a kept probe) grew without bound for any draf
 the time: the head, whose first token is kept 0.44 of the time, went unprobed for most of an answer
 once a few probes failed, and with the two-column kernels (a 2-token verify 0.97 of a plain step) ran at
 1.20x plain against 1.35x for drafting one token always, on Spec-Bench prompts the benchmark does not
-measure (drafting at 1,434 of 2,421 steps; ``python benchmarks/run_counts.py`` on that run).
+measure (drafting at 1,434 of 2,421 steps: benchmarks/results/head_two_column_unmeasured). With the drift,
+same prompts: 1.36x against 1.37x, 2,193 target calls for the 3,241 tokens against 2,249 for one token
+always (benchmarks/results/head_drift_unmeasured; counts from ``python benchmarks/run_counts.py``).
 
 Before anything is measured the policy assumes verifying k + 1 tokens costs ``1 + 0.1 k`` plain
 steps (near what the embedded model measures on a CPU: 1.12x for 2 tokens, 1.32x for 8), so the
