@@ -5,7 +5,7 @@
 Before (genspec until 2026-11-26): one row ran ``x @ W_t`` over a transposed copy of the weight, two or
 more rows ``(W @ x.T).T`` returned as a transposed (strided) view. Now
 (:class:`genspec.models.hf.TransposedLinear`): ``(W @ x.T).T`` for every row count, one row computed as
-two, the result contiguous. Both are exact fp32 products. The script loads the embedded model, prefills a
+two, the result contiguous. Both are exact fp32 products; the LM head is today's in both columns. The script loads the embedded model, prefills a
 200-token context, and times a verify forward (decoder + LM head) and the decoder alone for blocks of 1-8
 tokens with each kernel, alternating kernels and widths within every repeat (the slot cache rolled back
 after each block), so a background load shifts both alike. Cells: median / min ms over the repeats. On a
@@ -14,18 +14,16 @@ shared VM the machine's speed moves between runs; compare the two columns of one
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
+from verify_width_cost import block_runner, emit, timed  # benchmarks/ is on the path when run as a script
 
 import genspec
 from genspec.models.hf import TransposedLinear
 
 WIDTHS = (1, 2, 3, 4, 8)
-CONTEXT = 200
 
 
 def _before(self: TransposedLinear, x: torch.Tensor, transposed: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -47,21 +45,7 @@ def main() -> None:
     transposed = {id(m): m.weight.detach().t().contiguous() for m in linears}
     now = TransposedLinear.forward
     kernels = {"before": lambda self, x: _before(self, x, transposed), "now": now}
-    text = target.tokenizer("The history of the printing press begins " * 40)["input_ids"][:CONTEXT + max(WIDTHS)]
-    target.reset(1)
-    target.forward(torch.tensor([text[:CONTEXT]]), last_only=True)
-    target.commit_all()
-
-    def block(width: int, decoder_only: bool) -> float:
-        tokens = torch.tensor([text[CONTEXT:CONTEXT + width]])
-        start = time.perf_counter()
-        if decoder_only:
-            target.hidden_states(tokens)
-        else:
-            target.forward(tokens)
-        seconds = time.perf_counter() - start
-        target.keep_block(torch.full((1, width), -1))  # roll back: the next block sees the same context
-        return 1000 * seconds
+    block = block_runner(target, max(WIDTHS))
 
     times: dict[tuple[str, str, int], list[float]] = {}
     try:
@@ -71,25 +55,17 @@ def main() -> None:
                     TransposedLinear.forward = forward
                     for width in WIDTHS:
                         for part in ("verify", "decoder"):
-                            ms = block(width, part == "decoder")
+                            ms = timed(lambda: block(width, part == "decoder"))
                             if repeat:
                                 times.setdefault((part, name, width), []).append(ms)
     finally:
         TransposedLinear.forward = now
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
-    lines = [f"# {cpu}, torch {torch.__version__}, {torch.get_num_threads()} threads, embedded model, context "
-             f"{CONTEXT}, median / min of {args.repeats} (ms)",
-             "width  verify before    verify now  decoder before   decoder now"]
+    lines = [f"median / min of {args.repeats} (ms)", "width  verify before    verify now  decoder before   decoder now"]
     for width in WIDTHS:
         cells = [times[(part, name, width)] for part in ("verify", "decoder") for name in kernels]
         lines.append(f"{width:5d} " + " ".join(f"{statistics.median(c):7.0f} /{min(c):4.0f}" for c in cells))
-    report = "\n".join(lines)
-    print(report)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

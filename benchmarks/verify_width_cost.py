@@ -26,6 +26,7 @@ import argparse
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -45,11 +46,40 @@ def parse_widths(text: str) -> list[int]:
     return widths
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def block_runner(target, widest: int) -> Callable[[int, bool], None]:
+    """Prefill ``target`` with a ``CONTEXT``-token text; returns ``block(width, decoder_only)``, which runs
+    the next ``width`` tokens (the whole verify forward, or the decoder alone) and rolls the cache back."""
+    text = target.tokenizer("The history of the printing press begins " * 40)["input_ids"][:CONTEXT + widest]
+    target.reset(1)
+    target.forward(torch.tensor([text[:CONTEXT]]), last_only=True)
+    target.commit_all()
+
+    def block(width: int, decoder_only: bool) -> None:
+        tokens = torch.tensor([text[CONTEXT:CONTEXT + width]])
+        if decoder_only:
+            target.hidden_states(tokens)
+        else:
+            target.forward(tokens)
+        target.keep_block(torch.full((1, width), -1))  # roll back: the next block sees the same context
+
+    return block
+
+
+def emit(lines: list[str], out: Path | None) -> None:
+    """Print the report (a header line of machine and versions first) and write it to ``out``."""
+    report = "\n".join([f"# {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+                        f"embedded model, context {CONTEXT}, " + lines[0], *lines[1:]])
+    print(report)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report + "\n")
 
 
 def timed(fn) -> float:
@@ -69,18 +99,7 @@ def main() -> None:
 
     target = genspec.load_model(None)
     head = target.lm_head
-    text = target.tokenizer("The history of the printing press begins " * 40)["input_ids"][:CONTEXT + max(widths)]
-    target.reset(1)
-    target.forward(torch.tensor([text[:CONTEXT]]), last_only=True)
-    target.commit_all()
-
-    def block(width: int, decoder_only: bool) -> None:
-        tokens = torch.tensor([text[CONTEXT:CONTEXT + width]])
-        if decoder_only:
-            target.hidden_states(tokens)
-        else:
-            target.forward(tokens)
-        target.keep_block(torch.full((1, width), -1))  # roll back: the next block sees the same context
+    block = block_runner(target, max(widths))
 
     chunks = head.chunked_t.shape[0]
     kernels = {
@@ -112,18 +131,11 @@ def main() -> None:
                     times.setdefault((name, width), []).append(timed(lambda: kernel(width)))
 
     columns = ["verify", "decoder", "LMHead", "bmm chunks", "W @ x.T", *layer_kernels]
-    lines = [f"# {_cpu()}, torch {torch.__version__}, "
-             f"{torch.get_num_threads()} threads, embedded model, context {CONTEXT}, "
-             f"median / min of {args.repeats} (ms)",
-             "width " + " ".join(f"{c:>13s}" for c in columns)]
+    lines = [f"median / min of {args.repeats} (ms)", "width " + " ".join(f"{c:>13s}" for c in columns)]
     for width in widths:
         cells = (f"{statistics.median(times[(c, width)]):.0f} / {min(times[(c, width)]):.0f}" for c in columns)
         lines.append(f"{width:5d} " + " ".join(f"{cell:>13s}" for cell in cells))
-    report = "\n".join(lines)
-    print(report)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -459,13 +459,13 @@ class TransposedLinear(torch.nn.Module):
     few rows of decoding, exactly (the same fp32 products; only the BLAS's summation order differs).
 
     One row is duplicated to two: MKL's two-column GEMM beats its one-column GEMV (and ``x @ W.T`` on a
-    transposed copy, what this class ran before) over the whole decoder, 25-37 ms against 40-49 ms a step
-    on the embedded model; the result is made contiguous because a transposed view sends every later op
-    of the layer (norms, RoPE, attention) down a strided path: the CPU flash attention refuses a query
-    whose last dimension is strided and falls back to the math kernel, and a 3-token verify's decoder
-    took 57 ms against 45 ms contiguous (2-core AMD EPYC, torch 2.13, MKL; median of 12;
-    ``python benchmarks/verify_width_cost.py``). Shares the original weight, so no copy is kept;
-    ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
+    transposed copy, what this class ran before); the result is made contiguous because a transposed view
+    sends every later op of the layer (norms, RoPE, attention) down a strided path: the CPU flash
+    attention refuses a query whose last dimension is strided and falls back to the math kernel. The
+    embedded model's decoder, before / now, 1, 2, 3, 4 and 8 tokens after 200: 41 / 35, 44 / 34, 56 / 37,
+    49 / 35, 76 / 58 ms (medians of 11, kernels alternated in one process; 2-core AMD EPYC, torch 2.13, MKL;
+    ``python benchmarks/linear_kernel_ab.py``, benchmarks/results/linear_kernel_ab.txt). Shares the
+    original weight, so no copy is kept; ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()

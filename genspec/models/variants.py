@@ -128,7 +128,7 @@ def quantized(target: HFCausalLM, vocab_subset: torch.Tensor | None = None) -> H
         for name, child in list(parent.named_children()):
             if isinstance(child, TransposedLinear):
                 linear = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
-                linear.weight = torch.nn.Parameter(child.weight.detach().clone(), requires_grad=False)
+                linear.weight = child.weight  # the deep copy's own
                 linear.bias = child.bias
                 setattr(parent, name, linear)
     head = model.get_output_embeddings()
