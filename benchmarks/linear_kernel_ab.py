@@ -26,12 +26,21 @@ from genspec.models.hf import TransposedLinear
 WIDTHS = (1, 2, 3, 4, 8)
 
 
-def _before(self: TransposedLinear, x: torch.Tensor, transposed: dict[int, torch.Tensor]) -> torch.Tensor:
-    rows = x.reshape(-1, x.shape[-1])
-    out = rows @ transposed[id(self)] if rows.shape[0] == 1 else (self.weight @ rows.T).T
-    if self.bias is not None:
-        out = out + self.bias
-    return out.reshape(*x.shape[:-1], self.out_features)
+class BeforeLinear(torch.nn.Module):
+    """The decoder linear as genspec ran it before: ``x @ W_t`` over a transposed copy for one row,
+    ``(W @ x.T).T`` returned as a strided view for more."""
+
+    def __init__(self, now: TransposedLinear):
+        super().__init__()
+        self.weight, self.bias, self.out_features = now.weight, now.bias, now.out_features
+        self.weight_t = now.weight.detach().t().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        out = rows @ self.weight_t if rows.shape[0] == 1 else (self.weight @ rows.T).T
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
 
 
 def main() -> None:
@@ -41,25 +50,25 @@ def main() -> None:
     args = parser.parse_args()
 
     target = genspec.load_model(None)
-    linears = [m for m in target.decoder.modules() if isinstance(m, TransposedLinear)]
-    transposed = {id(m): m.weight.detach().t().contiguous() for m in linears}
-    now = TransposedLinear.forward
-    kernels = {"before": lambda self, x: _before(self, x, transposed), "now": now}
+    # (parent, attribute, kernel name -> module): the layers are swapped in place between rounds, as
+    # HFCausalLM swaps nn.Linear for TransposedLinear
+    places = [(parent, name, {"before": BeforeLinear(child), "now": child})
+              for parent in list(target.decoder.modules()) for name, child in parent.named_children()
+              if isinstance(child, TransposedLinear)]
+    kernels = ("before", "now")
     block = block_runner(target, max(WIDTHS))
 
     times: dict[tuple[str, str, int], list[float]] = {}
-    try:
-        with torch.inference_mode():
-            for repeat in range(args.repeats + 1):  # the first round warms up
-                for name, forward in kernels.items():
-                    TransposedLinear.forward = forward
-                    for width in WIDTHS:
-                        for part in ("verify", "decoder"):
-                            ms = timed(lambda: block(width, part == "decoder"))
-                            if repeat:
-                                times.setdefault((part, name, width), []).append(ms)
-    finally:
-        TransposedLinear.forward = now
+    with torch.inference_mode():
+        for repeat in range(args.repeats + 1):  # the first round warms up
+            for name in kernels:
+                for parent, attribute, modules in places:
+                    setattr(parent, attribute, modules[name])
+                for width in WIDTHS:
+                    for part in ("verify", "decoder"):
+                        ms = timed(lambda: block(width, part == "decoder"))
+                        if repeat:
+                            times.setdefault((part, name, width), []).append(ms)
 
     lines = [f"median / min of {args.repeats} (ms)", "width  verify before    verify now  decoder before   decoder now"]
     for width in WIDTHS:
