@@ -115,7 +115,8 @@ def test_a_two_row_lm_head_takes_the_chunked_kernel():
     (benchmarks/verify_width_cost.py); a 2-token verify block must take the chunked bmm, as one row does."""
     from genspec.models.head import LMHead
 
-    assert [LMHead.default_kernel(rows) for rows in (1, 2, 3, 12, 13)] == ["chunked", "chunked", "gemm", "gemm", "chunked"]
+    assert [LMHead.default_kernel(rows) for rows in (1, 2, 3, 12, 13, 63)] == ["chunked", "chunked", "gemm", "gemm", "chunked", "chunked"]
+    assert LMHead.default_kernel(64) == LMHead.default_kernel(2048) == "gemm"  # a training batch: one GEMM
     small = LMHead(torch.randn(300, 8))  # a test model's head: the fixed choice, never timed
     assert not small.tune and [small.kernel(rows) for rows in (1, 2, 3)] == ["chunked", "chunked", "gemm"]
 
@@ -157,7 +158,7 @@ def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count()
     assert clock.readings == 3 * 2 * 2 * TUNE_TRIALS
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 12, 13, 40])
+@pytest.mark.parametrize("rows", [1, 2, 5, 12, 13, 40, 70])
 def test_lm_head_and_linear_kernels_are_exact_for_every_row_count(rows):
     """Each row count takes another kernel; all must be the plain product (float64, 1e-12)."""
     from genspec.models.head import CHUNK, LMHead
@@ -174,3 +175,21 @@ def test_lm_head_and_linear_kernels_are_exact_for_every_row_count(rows):
     x = torch.randn(rows, 24, dtype=torch.float64, generator=generator)
     assert torch.allclose(TransposedLinear(linear)(x), linear(x), atol=1e-12, rtol=0)
     assert torch.allclose(TransposedLinear(linear)(x[:1]), linear(x[:1]), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 70])
+def test_a_subset_head_gives_the_targets_own_logits_of_those_tokens_and_their_gradient(tiny_target, rows):
+    """A draft head's truncated output layer (now an LMHead, whose kernel depends on the row count) is the
+    target's logits restricted to the chosen ids, for a draft token (1 row), a tree level or a training
+    batch, and stays differentiable in the hidden states (training reads it)."""
+    generator = torch.Generator().manual_seed(rows)
+    ids = torch.tensor([3, 7, 11, 40, 63])
+    hidden = torch.randn(rows, tiny_target.config.hidden_size, dtype=tiny_target.dtype, generator=generator)
+    expected = tiny_target.head(hidden)[:, ids]
+    got = tiny_target.subset_head(ids)(hidden.clone().requires_grad_(True))
+    assert torch.allclose(got, expected, atol=1e-10, rtol=0)
+    leaf = hidden.clone().requires_grad_(True)
+    tiny_target.subset_head(ids)(leaf).sum().backward()
+    reference = hidden.clone().requires_grad_(True)
+    tiny_target.head(reference)[:, ids].sum().backward()
+    assert torch.allclose(leaf.grad, reference.grad, atol=1e-10, rtol=0)

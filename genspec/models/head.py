@@ -53,6 +53,10 @@ import torch
 CHUNK = 1024
 #: row counts for which ``W @ x.T`` is the faster kernel (not 2 rows: see the module's docstring)
 SMALL_GEMM_ROWS = range(3, 13)
+#: from this many rows on, one GEMM again (a training batch through a draft head's truncated head:
+#: 2,048 rows x 8,192 x 640 take 154 ms as ``W @ x.T``, 175 ms as the ``bmm``, 158 ms as ``F.linear``;
+#: ``python benchmarks/subset_head_cost.py``, benchmarks/results/subset_head_cost.txt)
+LARGE_GEMM_ROWS = 64
 KERNELS = ("chunked", "gemm")
 #: heads with at least this many weights (vocabulary x hidden) time their kernels (the embedded model's:
 #: 262,144 x 640 = 168 M); below it a head call costs too little for the choice to matter
@@ -90,7 +94,7 @@ class LMHead:
     @staticmethod
     def default_kernel(rows: int) -> str:
         """The fixed choice for ``rows`` rows: ``"gemm"`` (``W @ x.T``) or ``"chunked"`` (the ``bmm``)."""
-        return "gemm" if rows in SMALL_GEMM_ROWS else "chunked"
+        return "gemm" if rows in SMALL_GEMM_ROWS or rows >= LARGE_GEMM_ROWS else "chunked"
 
     def kernel(self, rows: int) -> str:
         """The kernel the next call with ``rows`` rows takes: the chosen one, or while timing, the one
@@ -116,6 +120,17 @@ class LMHead:
             self._chosen[rows] = min(KERNELS, key=lambda k: min(timings[k]))
             del self._timings[rows]
 
+    def gemm(self, rows: torch.Tensor) -> torch.Tensor:
+        """``W @ x.T`` for ``rows`` ``[R, H]``, no bias; one row as two, as in TransposedLinear: MKL's
+        GEMV is the slower kernel."""
+        columns = rows.repeat(2, 1) if rows.shape[0] == 1 else rows
+        return (self.weight @ columns.T).T[:rows.shape[0]]
+
+    def chunked(self, rows: torch.Tensor) -> torch.Tensor:
+        """The ``bmm`` over the transposed, chunked copy, for ``rows`` ``[R, H]``, no bias."""
+        out = torch.bmm(rows.unsqueeze(0).expand(self.chunked_t.shape[0], -1, -1), self.chunked_t)  # [C, R, CHUNK]
+        return out.transpose(0, 1).reshape(rows.shape[0], -1)[:, :self.vocab_size]
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         rows = hidden.reshape(-1, shape[-1])
@@ -123,13 +138,7 @@ class LMHead:
         kernel = self.kernel(count)
         timing = self.tune and count not in self._chosen
         start = self._clock() if timing else 0.0
-        if kernel == "gemm":  # one row as two, as in TransposedLinear: MKL's GEMV is the slower kernel
-            columns = rows.repeat(2, 1) if count == 1 else rows
-            logits = (self.weight @ columns.T).T[:count]
-        else:
-            chunks = self.chunked_t.shape[0]
-            out = torch.bmm(rows.unsqueeze(0).expand(chunks, -1, -1), self.chunked_t)  # [C, R, CHUNK]
-            logits = out.transpose(0, 1).reshape(count, -1)[:, :self.vocab_size]
+        logits = self.gemm(rows) if kernel == "gemm" else self.chunked(rows)
         if timing:
             self._record(count, kernel, self._clock() - start)
         if self.bias is not None:
