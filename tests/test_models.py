@@ -193,3 +193,40 @@ def test_a_subset_head_gives_the_targets_own_logits_of_those_tokens_and_their_gr
     reference = hidden.clone().requires_grad_(True)
     tiny_target.head(reference)[:, ids].sum().backward()
     assert torch.allclose(leaf.grad, reference.grad, atol=1e-10, rtol=0)
+
+
+def test_a_tuned_lm_head_times_its_kernels_again_after_64_calls_then_twice_as_many():
+    """A pick made on the first few calls is not kept for ever: after RETUNE_FIRST calls of a row count its
+    kernels are timed again (and a kernel that became slower is dropped), then after twice as many calls.
+    A fake clock makes the gemm faster at first, the bmm faster afterwards."""
+    from genspec.models.head import RETUNE_FIRST, TUNE_TRIALS, LMHead
+
+    class FakeClock:  # read twice per timed call: the second reading is ``duration`` later
+        def __init__(self):
+            self.now, self.readings, self.speed = 0.0, 0, {"gemm": 1.0, "chunked": 3.0}
+            self.kernel = None
+
+        def __call__(self):
+            self.readings += 1
+            if self.readings % 2 == 0:
+                self.now += self.speed[self.kernel]
+            return self.now
+
+    clock = FakeClock()
+    weight = torch.randn(2100, 16, dtype=torch.float64)
+    head = LMHead(weight, tune=True, clock=clock)
+    kernels = []
+    for call in range(2 * TUNE_TRIALS + RETUNE_FIRST + 2 * TUNE_TRIALS + 2 * RETUNE_FIRST + 1):
+        if call == 2 * TUNE_TRIALS:
+            clock.speed = {"gemm": 3.0, "chunked": 1.0}  # the machine changed after the first pick
+        clock.kernel = head.kernel(1)
+        kernels.append(clock.kernel)
+        hidden = torch.randn(1, 16, dtype=torch.float64)
+        assert torch.allclose(head(hidden), hidden @ weight.T, atol=1e-12, rtol=0)
+    first = 2 * TUNE_TRIALS
+    assert set(kernels[first:first + RETUNE_FIRST]) == {"gemm"}  # the first pick, kept for RETUNE_FIRST calls
+    retimed = first + RETUNE_FIRST
+    assert sorted(kernels[retimed:retimed + 2 * TUNE_TRIALS]) == sorted(["gemm", "chunked"] * TUNE_TRIALS)
+    after = retimed + 2 * TUNE_TRIALS
+    assert set(kernels[after:after + 2 * RETUNE_FIRST]) == {"chunked"} and head.chosen() == {}  # next timing due now
+    assert clock.readings == 2 * (2 * 2 * TUNE_TRIALS + 1)

@@ -45,9 +45,12 @@ def machine_info() -> dict:
 
 def model_info(path, target) -> dict:
     config = getattr(target.model, "config", None)
+    head = target.lm_head
     return {"path": str(path), "architecture": (getattr(config, "architectures", None) or [type(target.model).__name__])[0],
             "num_layers": target.num_layers, "vocab_size": target.vocab_size, "dtype": str(target.dtype),
-            "max_context": target.max_context}
+            "max_context": target.max_context,
+            # the LM head's kernel per row count when the run ended (timed per process: models/head.py)
+            "lm_head_kernels": None if head is None else {str(rows): k for rows, k in sorted(head.chosen().items())}}
 
 
 # --------------------------------------------------------------------------- the run

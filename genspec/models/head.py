@@ -33,7 +33,9 @@ differences, as between any two batch sizes).
 Since the ranking differs between machines, a large head on the CPU picks its kernel per row count by
 timing: the first calls with a new row count alternate the two kernels (the logits they compute are the
 ones returned, so nothing is computed twice), and after ``TUNE_TRIALS`` calls of each the faster one
-(by its quickest call: noise only adds time) is kept for that row count. On the 2-core AMD EPYC VM of
+(by its quickest call: noise only adds time) is kept for that row count, and timed again after 64 more
+calls of it, then 128, 256, ... (at most every 8,192): a pick spoilt by a noisy start, or by a shared VM
+whose speed shifts, does not last the life of a server (:meth:`LMHead._count_call`). On the 2-core AMD EPYC VM of
 2026-11-25 (quiet; ``python benchmarks/verify_width_cost.py --widths 1,2,3,4,6,8,12,16,24,32 --repeats 5``,
 benchmarks/results/verify_width_cost_wide.txt) the fixed choice lost 11 ms of a 72 ms verify step at 2 rows
 (``bmm`` 32 ms, ``W @ x.T`` 21 ms) and 46 ms of 190 ms at 12 rows (``W @ x.T`` 109 ms, ``bmm`` 63 ms). Small
@@ -63,6 +65,9 @@ KERNELS = ("chunked", "gemm")
 TUNE_MIN_ELEMENTS = 1 << 24
 #: timed calls of each kernel before a row count's kernel is chosen
 TUNE_TRIALS = 2
+#: a chosen row count is timed again after this many of its calls, then after twice as many each time, up
+#: to every ``RETUNE_MAX`` calls (see :meth:`LMHead._count_call`)
+RETUNE_FIRST, RETUNE_MAX = 64, 8192
 
 
 class LMHead:
@@ -89,6 +94,8 @@ class LMHead:
         self.tune = tune
         self._clock = clock
         self._chosen: dict[int, str] = {}  # rows -> kernel, once timed
+        self._interval: dict[int, int] = {}  # rows -> calls between its last two timings
+        self._until_retune: dict[int, int] = {}  # rows -> calls left before it is timed again
         self._timings: dict[int, dict[str, list[float]]] = {}  # rows -> kernel -> seconds of its calls
 
     @staticmethod
@@ -119,6 +126,20 @@ class LMHead:
         if all(len(t) >= TUNE_TRIALS for t in timings.values()):
             self._chosen[rows] = min(KERNELS, key=lambda k: min(timings[k]))
             del self._timings[rows]
+            self._interval[rows] = min(RETUNE_MAX, 2 * self._interval.get(rows, RETUNE_FIRST // 2))
+            self._until_retune[rows] = self._interval[rows]
+
+    def _count_call(self, rows: int) -> None:
+        """Count an untimed call of a chosen row count; after ``RETUNE_FIRST`` of them (then twice as many
+        each time, at most ``RETUNE_MAX``) both kernels are timed again. A choice made on a few calls is
+        otherwise kept for the life of the process (a server's): in one 29-minute ``genspec bench`` run on
+        the 2-core AMD EPYC VM (2026-11-26) 2-token verify blocks cost 65 ms against 56 ms for one token all
+        along, while the same day, in isolation, two rows cost 48 against 50 ms (``python
+        benchmarks/verify_width_cost.py --widths 1,2,3,4 --repeats 9``) and 50.4 against 51.5 ms in a short
+        run: what a ``bmm`` kept for two rows costs (26 against 18 ms for ``W @ x.T`` there)."""
+        self._until_retune[rows] -= 1
+        if self._until_retune[rows] <= 0:
+            del self._chosen[rows]
 
     def gemm(self, rows: torch.Tensor) -> torch.Tensor:
         """``W @ x.T`` for ``rows`` ``[R, H]``, no bias; one row as two, as in TransposedLinear: MKL's
@@ -141,6 +162,8 @@ class LMHead:
         logits = self.gemm(rows) if kernel == "gemm" else self.chunked(rows)
         if timing:
             self._record(count, kernel, self._clock() - start)
+        elif self.tune:
+            self._count_call(count)
         if self.bias is not None:
             logits = logits + self.bias
         return logits.reshape(*shape[:-1], self.vocab_size)
