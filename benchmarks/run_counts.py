@@ -1,5 +1,6 @@
 """Pooled counts per method from `genspec bench` results.json files (the figures the README quotes beside
-the report's rates): target calls, new tokens, tokens per call, drafts reaching positions 1-4 and kept there.
+the report's rates): target calls, new tokens, tokens per call, drafts reaching positions 1-4 and kept there,
+drafting time per target call and the target's time per verify block by its width (1-5 tokens; plain too).
 With two files, also how many answers of a method are token for token the same in both (sampled runs).
 
     python benchmarks/run_counts.py benchmarks/results/spec_bench_trained_final/results.json
@@ -30,6 +31,20 @@ def counts(results: dict, method: str) -> str:
             f"drafts reaching positions 1-4: {', '.join(map(str, drafted))}; kept there: {rates}")
 
 
+def timing(results: dict, method: str) -> str:
+    runs = measured(results, method)
+    calls = sum(r["stats"]["target_calls"] or 0 for r in runs) if method != "hf-plain" else 0
+    draft = sum(r["stats"].get("draft_time_s") or 0.0 for r in runs)
+    widths: dict[int, list[float]] = {}
+    for r in runs:
+        for width, (count, seconds) in ((r.get("forward") or {}).get("verify_by_width") or {}).items():
+            total = widths.setdefault(int(width), [0, 0.0])
+            total[0] += count
+            total[1] += seconds
+    blocks = ", ".join(f"{w}: {1000 * s / n:.1f} ms ({n})" for w, (n, s) in sorted(widths.items()) if w <= 5 and n)
+    return f"{method}: drafting {1000 * draft / calls if calls else 0:.1f} ms per target call; verify block by width: {blocks}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="results.json of genspec bench (one or two)")
@@ -43,6 +58,8 @@ def main() -> None:
             m for m in results["summary"]["methods"] if m not in ("plain", "hf-plain")]
         for method in methods:
             print("  " + counts(results, method))
+        for method in ["plain"] + methods:
+            print("  " + timing(results, method))
     if args.same and len(files) == 2:
         first, second = args.same.split(",")
         a = {(r["question_id"], r["repeat"]): r["token_ids"] for r in measured(files[0], first)}
