@@ -133,10 +133,11 @@ class LMHead:
         """Count an untimed call of a chosen row count; after ``RETUNE_FIRST`` of them (then twice as many
         each time, at most ``RETUNE_MAX``) both kernels are timed again. A choice made on a few calls is
         otherwise kept for the life of the process (a server's): in one 29-minute ``genspec bench`` run on
-        the 2-core AMD EPYC VM (2026-11-26) 2-token verify blocks cost 65 ms against 56 ms for one token all
-        along, while the same day, in isolation, two rows cost 48 against 50 ms (``python
-        benchmarks/verify_width_cost.py --widths 1,2,3,4 --repeats 9``) and 50.4 against 51.5 ms in a short
-        run: what a ``bmm`` kept for two rows costs (26 against 18 ms for ``W @ x.T`` there)."""
+        the 2-core AMD EPYC VM (2026-11-26, benchmarks/results/spec_bench_subset_head) 2-token verify blocks
+        cost 65 ms against 56 ms for one token all along, while the same day a short run measured 50.4 ms for
+        them against plain decoding's 51.5 ms (benchmarks/results/head_short_run) and, in isolation, two rows cost what one does (64 against
+        64 ms, medians; benchmarks/results/verify_width_cost_2026_11_26.txt, where the ``bmm`` takes 39 ms for
+        two rows against 29 ms for ``W @ x.T``): what a ``bmm`` kept for two rows costs."""
         self._until_retune[rows] -= 1
         if self._until_retune[rows] <= 0:
             del self._chosen[rows]

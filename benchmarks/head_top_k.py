@@ -1,0 +1,42 @@
+"""How often is the target's next token among the shipped head's k most likely first draft tokens?
+
+    python benchmarks/head_top_k.py --outputs benchmarks/results/next_token_layer_state/outputs.json
+
+Teacher-forced over the greedy 128-token answers to each Spec-Bench category's 3rd and 4th prompt (which
+no run measures or trains on; the file ``benchmarks/next_token_layer_state.py`` writes), at the answers'
+positions: the share where the target's token is the head's top 1, among its top 2, 3, 4. A tree of k
+sibling first tokens (``-O tree_nodes=k -O tree_top_k=k``, depth 1) keeps one more token exactly that often.
+"""
+import argparse
+import json
+
+import torch
+
+import genspec
+from genspec.drafters.trained import load_for_target
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--outputs", required=True)
+args = parser.parse_args()
+target = genspec.load_model(None)
+head, vocab_ids = load_for_target(target, None, "head")
+head = head.float().eval()
+vocab = torch.tensor(vocab_ids)
+logits_of = target.subset_head(vocab)
+embed = target.model.get_input_embeddings()
+hits, positions = torch.zeros(4), 0
+with torch.no_grad():
+    for prompt, answer in json.load(open(args.outputs)):
+        seq = prompt + answer
+        target.reset(0)
+        features = target.add_rows([seq[:-1]], return_hidden=True)[0].float()
+        target.reset(0)
+        predicted = head(features[None, :-1], embed(torch.tensor(seq[1:-1]))[None].float())[0]  # feature at i + 1
+        top = vocab[logits_of(predicted).topk(4, dim=-1).indices]  # [n, 4]: token i + 2's candidates
+        truth = torch.tensor(seq[2:])
+        answer_positions = torch.arange(len(truth)) + 2 >= len(prompt)
+        found = (top == truth[:, None]).cumsum(-1).clamp(max=1)[answer_positions]
+        hits += found.sum(0).float()
+        positions += int(answer_positions.sum())
+print(f"{positions} answer positions; target's token in the head's top 1 / 2 / 3 / 4: "
+      + " / ".join(f"{h / positions:.3f}" for h in hits))
