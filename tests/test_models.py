@@ -195,6 +195,28 @@ def test_a_subset_head_gives_the_targets_own_logits_of_those_tokens_and_their_gr
     assert torch.allclose(leaf.grad, reference.grad, atol=1e-10, rtol=0)
 
 
+def test_an_output_layer_with_a_bias_keeps_it_in_full_subset_and_truncated_heads():
+    """A head bias is indexed by token id everywhere: in the full head, in a truncated-vocabulary model
+    (whose other logits are -inf) and in a subset head taken from that truncated model, which still
+    names tokens by their full-vocabulary ids."""
+    from genspec.models import HFCausalLM
+
+    model = tiny_llama(3)
+    head = model.get_output_embeddings()
+    model.lm_head = torch.nn.Linear(head.in_features, head.out_features, bias=True, dtype=head.weight.dtype)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(head.weight)
+        model.lm_head.bias.copy_(torch.linspace(-5, 5, head.out_features, dtype=head.weight.dtype))
+    full, truncated = HFCausalLM(model), HFCausalLM(model, vocab_subset=torch.tensor([60, 2, 9, 33]))
+    hidden = torch.randn(3, model.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    reference = model.lm_head(hidden)  # (hidden: final states, already normed)
+    assert torch.allclose(full.head(hidden), reference, atol=1e-10, rtol=0)
+    kept = torch.tensor([2, 9, 33, 60])
+    assert torch.allclose(truncated.head(hidden)[:, kept], reference[:, kept], atol=1e-10, rtol=0)
+    ids = torch.tensor([9, 60])
+    assert torch.allclose(truncated.subset_head(ids)(hidden), reference[:, ids], atol=1e-10, rtol=0)
+
+
 def test_a_tuned_lm_head_times_its_kernels_again_after_64_calls_then_twice_as_many():
     """A pick made on the first few calls is not kept for ever: after RETUNE_FIRST calls of a row count its
     kernels are timed again (and a kernel that became slower is dropped), then after twice as many calls.

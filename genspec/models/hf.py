@@ -91,9 +91,9 @@ class HFCausalLM(CausalLM):
             if not len(self.vocab_subset) or self.vocab_subset[0] < 0 or self.vocab_subset[-1] >= self.vocab_size:
                 raise ConfigError(f"a vocabulary subset needs token ids in [0, {self.vocab_size}), got "
                                   + (f"{int(self.vocab_subset[0])}..{int(self.vocab_subset[-1])}" if len(self.vocab_subset) else "none"))
-            if self._head_bias is not None:
-                self._head_bias = self._head_bias[self.vocab_subset]
-            lm_head = LMHead(head.weight.detach()[self.vocab_subset], self._head_bias)
+            # (``_head_bias`` stays the full vocabulary's: ``subset_head`` names tokens by their full ids)
+            lm_head = LMHead(head.weight.detach()[self.vocab_subset],
+                             None if self._head_bias is None else self._head_bias[self.vocab_subset])
         elif lm_head is None and fast_kernels:
             lm_head = LMHead(head.weight, self._head_bias)
         self._lm_head = lm_head
