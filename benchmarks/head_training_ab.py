@@ -8,7 +8,8 @@ Every variant trains a fresh head (seed 0) on the same recorded features and voc
 curve every ``--eval-every`` steps (all held-out pairs, what ``genspec train`` reports) and at the end the
 agreement on the held-out sequences' *continuations* only (the pairs whose next token the target itself
 wrote: what drafting meets; their prompts are context). A variant is ``;``-separated: ``base`` (the
-defaults of :class:`genspec.train.head.TrainSettings`), or ``key=value,...`` overriding its fields, plus
+defaults of :class:`genspec.train.head.TrainSettings` and :class:`genspec.models.draft_head.HeadConfig`), or
+``key=value,...`` overriding fields of either (e.g. ``head_dim=128,intermediate_size=2048``: a wider head), plus
 ``data=continued`` (train on the target's continuations only, no teacher-forced text) or ``data=plus-text``
 (add the ``--data`` files' text, teacher-forced, to the training sequences; never to the held-out ones).
 """
@@ -25,25 +26,28 @@ import torch
 
 import genspec
 from genspec.models.distilled import local_ids
-from genspec.models.draft_head import load_head
+from genspec.models.draft_head import HeadConfig, load_head
 from genspec.train.data import Sequences, read_texts, teacher_forced
 from genspec.train.head import Teacher, TrainSettings, choose_vocabulary, head_loss, record_features, train_head
 
 
-def parse_variant(text: str) -> tuple[dict, str]:
-    overrides, data = {}, "all"
+def parse_variant(text: str) -> tuple[dict, dict, str]:
+    """``(settings overrides, head shape overrides, data)`` of one variant."""
+    settings, shape, data = {}, {}, "all"
     types = {f.name: f.type for f in fields(TrainSettings)}
+    shapes = {f.name: f.type for f in fields(HeadConfig) if f.name != "hidden_size"}
     for part in filter(None, text.split(",")):
         if part == "base":
             continue
         key, _, value = part.partition("=")
         if key == "data":
             data = value
-        elif key in types:
-            overrides[key] = float(value) if types[key] in (float, "float") else int(value)
+        elif key in types or key in shapes:
+            kind = types.get(key, shapes.get(key))
+            (settings if key in types else shape)[key] = float(value) if kind in (float, "float") else int(value)
         else:
             raise SystemExit(f"unknown setting {key!r}")
-    return overrides, data
+    return settings, shape, data
 
 
 @torch.no_grad()
@@ -88,18 +92,20 @@ def main() -> None:
     continued = [(features[i], data.prompt_lengths[i]) for i in data.held_out if data.prompt_lengths[i]]
     results = {"sequences": args.sequences, "data": args.data, "steps": args.steps, "variants": []}
     for text in args.variants.split(";"):
-        overrides, which = parse_variant(text)
+        overrides, shape, which = parse_variant(text)
+        config = HeadConfig(hidden_size=target.config.hidden_size, **shape)
         train = [features[i] for i in train_all if which != "continued" or data.prompt_lengths[i]]
         train += extra if which == "plus-text" else []
         settings = TrainSettings(**{**asdict(TrainSettings()), "steps": args.steps, "held_out_every": args.eval_every,
                                     "checkpoint_every": args.steps, **overrides})
         with tempfile.TemporaryDirectory() as tmp:
             started = time.perf_counter()
-            log = train_head(target, train, held, vocab, Path(tmp) / "head", settings=settings)
+            log = train_head(target, train, held, vocab, Path(tmp) / "head", config=config, settings=settings)
             head = load_head(Path(tmp) / "head")[0].to(torch.float32)
         agreement, pairs = continuation_agreement(head, teacher, continued)
         entry = {"variant": text, "data": which, "training_tokens": sum(len(f) for _, f in train),
-                 "settings": asdict(settings), "minutes": (time.perf_counter() - started) / 60,
+                 "settings": asdict(settings), "config": config.as_dict(),
+                 "weights": sum(p.numel() for p in head.parameters()), "minutes": (time.perf_counter() - started) / 60,
                  "held_out_curve": [{"step": 0, **log["held_out_before"]}] + log["held_out_curve"],
                  "train_agreement_last_100": sum(e["agreement"] for e in log["loss"][-100:]) / min(100, len(log["loss"])),
                  "continuation_agreement": agreement, "continuation_pairs": pairs}

@@ -70,6 +70,15 @@ TUNE_TRIALS = 2
 RETUNE_FIRST, RETUNE_MAX = 64, 8192
 
 
+def weight_times_rows(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``(weight @ rows.T).T`` ``[R, V]`` for ``rows`` ``[R, H]``: one GEMM with the rows as its small N.
+    One row goes as two (a copy: a stride-0 view takes a slow path), because MKL's GEMV is the slower
+    kernel (module docstring; models/hf.py's TransposedLinear has the decoder's timings). A transposed view."""
+    count = rows.shape[0]
+    columns = rows.repeat(2, 1) if count == 1 else rows
+    return (weight @ columns.T).T[:count]
+
+
 class LMHead:
     """Logits ``[..., V]`` of hidden states ``[..., H]`` for a head weight ``[V, H]`` (and optional bias).
 
@@ -143,10 +152,8 @@ class LMHead:
             del self._chosen[rows]
 
     def gemm(self, rows: torch.Tensor) -> torch.Tensor:
-        """``W @ x.T`` for ``rows`` ``[R, H]``, no bias; one row as two, as in TransposedLinear: MKL's
-        GEMV is the slower kernel."""
-        columns = rows.repeat(2, 1) if rows.shape[0] == 1 else rows
-        return (self.weight @ columns.T).T[:rows.shape[0]]
+        """``W @ x.T`` for ``rows`` ``[R, H]``, no bias (:func:`weight_times_rows`)."""
+        return weight_times_rows(self.weight, rows)
 
     def chunked(self, rows: torch.Tensor) -> torch.Tensor:
         """The ``bmm`` over the transposed, chunked copy, for ``rows`` ``[R, H]``, no bias."""

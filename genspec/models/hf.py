@@ -25,7 +25,7 @@ import torch
 
 from genspec.errors import ConfigError, InputFileError
 from genspec.models.base import CausalLM, PrefixKV
-from genspec.models.head import LMHead
+from genspec.models.head import LMHead, weight_times_rows
 
 #: files that make a model directory's tokenizer (if one is there but does not load, that is an error)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -477,10 +477,7 @@ class TransposedLinear(torch.nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        count = rows.shape[0]
-        columns = rows.repeat(2, 1) if count == 1 else rows  # a copy: a stride-0 view takes a slow path
-        out = (self.weight @ columns.T).T[:count].contiguous()
+        out = weight_times_rows(self.weight, x.reshape(-1, x.shape[-1])).contiguous()
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
