@@ -40,13 +40,12 @@ for (p, out), cat in zip(answers, cats):
         x = head.inputs(feats[None, :-1], embed(torch.tensor(seq[1:-1]))[None].float())  # pairs 0..n-3
         m = x.shape[1]
         pos = torch.arange(m)[None]
-        q, k, v = head.project(x, pos)
         res = {}
         for W in (None, 256, 64, 16):
             i = torch.arange(m)
             mask = (i[None, :] <= i[:, None])
             if W: mask &= (i[:, None] - i[None, :] < W)
-            pred = head.finish(x, head.attend(q, k, v, mask[None, None]))
+            pred = head.run(x, pos, lambda _, q, k, v: head.attend(q, k, v, mask[None, None]))[0]
             tok = vocab[logits_of(pred[0]).argmax(-1)]  # predicted token at i+2
             truth = torch.tensor(seq[2:])
             outpos = torch.arange(m) + 2 >= len(p)

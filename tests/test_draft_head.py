@@ -4,6 +4,8 @@ output equals plain decoding; sampled output follows the exact target law (chi-s
 the loss; saved heads load, and wrong ones are refused with one-line errors."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from stats_helpers import lossless_pvalue
@@ -21,9 +23,9 @@ from genspec.train.head import TrainSettings, choose_vocabulary, record_features
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
 
 
-def _head(seed: int = 0, dtype=torch.float64) -> DraftHead:
+def _head(seed: int = 0, dtype=torch.float64, layers: int = 1) -> DraftHead:
     torch.manual_seed(seed)
-    return DraftHead(SMALL).to(dtype).eval()
+    return DraftHead(replace(SMALL, num_layers=layers)).to(dtype).eval()
 
 
 class _Recorder(Drafter):
@@ -67,10 +69,12 @@ def test_the_engine_hands_drafters_the_exact_target_features(tiny_target):
         assert torch.allclose(got, expected[:len(got)], atol=1e-9)  # the last step's features came with no proposal
 
 
-def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target, layers):
     """The drafter's per-row cache (committed pairs fed in two chunks, then a drafted pair) gives the
-    same predicted features as the head's forward over the whole sequence."""
-    head = _head()
+    same predicted features as the head's forward over the whole sequence, for a head of 1 or 2 layers
+    (a cache per layer)."""
+    head = _head(layers=layers)
     drafter = HeadDrafter(tiny_target, head, list(range(64)))
     sequence = [5, 9, 11, 3, 7, 7, 2, 40, 41, 13]
     tiny_target.reset(0)
@@ -89,30 +93,44 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):
         second = drafter._sync([row], [sequence])  # pairs 3..8 (the cache is reused)
     assert torch.allclose(first[0], whole[2], atol=1e-9)
     assert torch.allclose(second[0], whole[8], atol=1e-9)
+    # drafted pairs (predicted feature, drafted token) after the cache: each sees the committed pairs and
+    # the earlier drafted ones in every layer, as the whole-sequence forward over the extended pairs does
+    pairs, tokens, predicted = features, list(sequence[1:]), second[0]
+    drafted_k = drafted_v = drafter._empty
+    with torch.no_grad():
+        for depth, token in enumerate([17, 4, 29]):
+            pairs, tokens = torch.cat([pairs, predicted.unsqueeze(0)]), tokens + [token]
+            seen = torch.ones(1, drafted_k.shape[2], dtype=torch.bool)
+            out, k, v = drafter._run([row], predicted.view(1, 1, -1), torch.tensor([[token]]),
+                                     torch.tensor([[len(sequence) - 1 + depth]]), [1], [(drafted_k, drafted_v, seen)])
+            drafted_k, drafted_v = torch.cat([drafted_k, k[:, 0]], dim=2), torch.cat([drafted_v, v[:, 0]], dim=2)
+            predicted = out[0, 0]
+            assert torch.allclose(predicted, head(pairs.unsqueeze(0), embed(torch.tensor([tokens])))[0, -1], atol=1e-9)
     assert row.cached == 9
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-def test_greedy_head_drafting_equals_plain_decoding(tiny_target, batch):
+@pytest.mark.parametrize("batch, layers", [(1, 1), (4, 1), (4, 2)])
+def test_greedy_head_drafting_equals_plain_decoding(tiny_target, batch, layers):
     prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4], [11, 12, 13, 14, 15, 16]][:batch]
     plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())
     # a head that copies the target's features would agree everywhere; a random one mostly disagrees:
     # equality must hold either way
-    drafter = HeadDrafter(tiny_target, _head(), choose_vocabulary([p.token_ids for p in plain], 40))
+    drafter = HeadDrafter(tiny_target, _head(layers=layers), choose_vocabulary([p.token_ids for p in plain], 40))
     spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=24, num_draft_tokens=3,
                                                                 eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
     assert sum(s.stats.drafted_tokens for s in spec) > 0
 
 
-def test_a_one_branch_tree_is_the_greedy_chain(tiny_target):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_one_branch_tree_is_the_greedy_chain(tiny_target, layers):
     """With tree_top_k = 1 the dynamic tree is the chain greedy drafting gives (its nodes see their
-    ancestors exactly as chain tokens see the earlier ones)."""
+    ancestors exactly as chain tokens see the earlier ones, in every layer)."""
     from genspec.drafters.base import DraftRequest, RequestContext
 
     vocab = list(range(3, 60))
-    chain, tree = HeadDrafter(tiny_target, _head(), vocab), HeadDrafter(tiny_target, _head(), vocab, tree_nodes=5,
-                                                                          tree_top_k=1)
+    chain = HeadDrafter(tiny_target, _head(layers=layers), vocab)
+    tree = HeadDrafter(tiny_target, _head(layers=layers), vocab, tree_nodes=5, tree_top_k=1)
     sequence = [5, 9, 11, 3, 7, 7, 2]
     tiny_target.reset(0)
     [features] = tiny_target.add_rows([sequence[:-1]], return_hidden=True)
@@ -125,11 +143,11 @@ def test_a_one_branch_tree_is_the_greedy_chain(tiny_target):
     assert len(drafts[0].first_chain(0)) == 5
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch):
+@pytest.mark.parametrize("batch, layers", [(1, 1), (3, 1), (3, 2)])
+def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch, layers):
     prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]][:batch]
     plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
-    drafter = HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=8, tree_top_k=3)
+    drafter = HeadDrafter(tiny_target, _head(layers=layers), list(range(3, 64)), tree_nodes=8, tree_top_k=3)
     spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=4,
                                                                 eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]

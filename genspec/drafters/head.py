@@ -3,7 +3,7 @@
 The engine hands the drafter the target's features (the LM head's inputs) of every committed token:
 those of the prompt when a request starts, those of the tokens kept since at every proposal
 (:attr:`Drafter.reads_target_hidden`). The head (:class:`genspec.models.draft_head.DraftHead`) keeps a
-one-layer KV cache per request over the pairs (target feature at i, token i + 1), fed with the target's
+KV cache per request (per layer) over the pairs (target feature at i, token i + 1), fed with the target's
 exact features once tokens are committed (its own guesses are never kept: EAGLE's rule), and drafts a
 chain by feeding its predicted feature back with each drafted token. Logits come from the target's own
 output layer cut to the head's vocabulary; a sampled request draws from that law after the same
@@ -24,15 +24,14 @@ from genspec.models.draft_head import DraftHead
 class _Row:
     """One request: its context, the target's features by position, the head's cache of committed pairs."""
 
-    def __init__(self, context: RequestContext, hidden_size: int, kv_shape: tuple[int, int], dtype):
+    def __init__(self, context: RequestContext, hidden_size: int, empty: torch.Tensor):
         self.context = context
-        self.features = context.hidden if context.hidden is not None else torch.zeros(0, hidden_size, dtype=dtype)
-        self.keys = torch.zeros(kv_shape[0], 0, kv_shape[1], dtype=dtype)
-        self.values = torch.zeros_like(self.keys)
+        self.features = context.hidden if context.hidden is not None else torch.zeros(0, hidden_size, dtype=empty.dtype)
+        self.keys, self.values = empty, empty  # [layers, kv_heads, cached pairs, head_dim]
 
     @property
     def cached(self) -> int:
-        return int(self.keys.shape[1])
+        return int(self.keys.shape[2])
 
 
 class HeadDrafter(Drafter):
@@ -61,7 +60,7 @@ class HeadDrafter(Drafter):
         self.logits_of = target.subset_head(self.vocab)
         self.vocab_size = target.vocab_size
         config = head.config
-        self._kv_shape = (config.num_kv_heads, config.head_dim)
+        self._empty = torch.zeros(config.num_layers, config.num_kv_heads, 0, config.head_dim, dtype=self.dtype)
         self._rows: dict[int, _Row] = {}
 
     @classmethod
@@ -72,7 +71,7 @@ class HeadDrafter(Drafter):
     # --------------------------------------------------------------- life cycle
     def start(self, contexts: list[RequestContext]) -> None:
         for context in contexts:
-            self._rows[context.request_id] = _Row(context, self.head.config.hidden_size, self._kv_shape, self.dtype)
+            self._rows[context.request_id] = _Row(context, self.head.config.hidden_size, self._empty)
 
     def finish(self, request_ids: list[int]) -> None:
         for request_id in request_ids:
@@ -83,28 +82,33 @@ class HeadDrafter(Drafter):
              counts: list[int], extra: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None):
         """The head on a block of pairs per row (``features`` ``[R, n, H]``, ``tokens`` ``[R, n]``,
         ``positions`` ``[R, n]``, the first ``counts[r]`` real), attending over each row's cache and, with
-        ``extra``, per row ``(keys, values, mask)``: drafted pairs after the cache and which of them each
-        block pair sees (``[count, E]``; then a block pair sees itself only: tree nodes of one depth);
-        without, a block pair sees the earlier ones (a chain). Returns the predicted features
-        ``[R, n, H]`` and the block's keys and values."""
-        x = self.head.inputs(features, self.embed(tokens).to(self.dtype))
-        q, k, v = self.head.project(x, positions)
-        attended = torch.zeros_like(q)
+        ``extra``, per row ``(keys, values, mask)``: drafted pairs after the cache (``[L, kv_heads, E, d]``)
+        and which of them each block pair sees (``[count, E]``; then a block pair sees itself only: tree
+        nodes of one depth); without, a block pair sees the earlier ones (a chain). Returns the predicted
+        features ``[R, n, H]`` and the block's keys and values ``[L, R, kv_heads, n, d]``."""
+        masks = []
         for r, row in enumerate(rows):
             count = counts[r]
-            if not count:
-                continue
             own = torch.ones(count, count, dtype=torch.bool).tril() if extra is None else torch.eye(count, dtype=torch.bool)
-            keys, values, seen = [row.keys], [row.values], [torch.ones(count, row.cached, dtype=torch.bool)]
-            if extra is not None:
-                keys.append(extra[r][0])
-                values.append(extra[r][1])
-                seen.append(extra[r][2])
-            keys, values = torch.cat(keys + [k[r, :, :count]], dim=1), torch.cat(values + [v[r, :, :count]], dim=1)
-            mask = torch.cat(seen + [own], dim=1)
-            attended[r:r + 1, :, :count] = self.head.attend(q[r:r + 1, :, :count], keys.unsqueeze(0),
-                                                            values.unsqueeze(0), mask.view(1, 1, count, -1))
-        return self.head.finish(x, attended), k, v
+            masks.append(torch.cat([torch.ones(count, row.cached, dtype=torch.bool)]
+                                   + ([extra[r][2]] if extra is not None else []) + [own], dim=1))
+
+        def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            attended = torch.zeros_like(q)
+            for r, row in enumerate(rows):
+                count = counts[r]
+                if not count:
+                    continue
+                keys, values = [row.keys[layer]], [row.values[layer]]
+                if extra is not None:
+                    keys.append(extra[r][0][layer])
+                    values.append(extra[r][1][layer])
+                keys, values = torch.cat(keys + [k[r, :, :count]], dim=1), torch.cat(values + [v[r, :, :count]], dim=1)
+                attended[r:r + 1, :, :count] = self.head.attend(q[r:r + 1, :, :count], keys.unsqueeze(0),
+                                                                values.unsqueeze(0), masks[r].view(1, 1, count, -1))
+            return attended
+
+        return self.head.run(self.head.inputs(features, self.embed(tokens).to(self.dtype)), positions, attention)
 
     def _sync(self, rows: list[_Row], sequences: list[list[int]]) -> torch.Tensor:
         """Feed each row's committed pairs not in its cache yet (always at least its last one, whose
@@ -115,14 +119,14 @@ class HeadDrafter(Drafter):
         features = torch.zeros(len(rows), n, self.head.config.hidden_size, dtype=self.dtype)
         tokens = torch.zeros(len(rows), n, dtype=torch.long)
         for r, (row, seq, start, count) in enumerate(zip(rows, sequences, starts, counts)):
-            row.keys, row.values = row.keys[:, :start], row.values[:, :start]
+            row.keys, row.values = row.keys[:, :, :start], row.values[:, :, :start]
             features[r, :count] = row.features[start:start + count]
             tokens[r, :count] = torch.tensor(seq[start + 1:start + 1 + count], dtype=torch.long)
         positions = torch.tensor(starts, dtype=torch.long).unsqueeze(1) + torch.arange(n)
         out, k, v = self._run(rows, features, tokens, positions, counts)
         for r, (row, count) in enumerate(zip(rows, counts)):
-            row.keys = torch.cat([row.keys, k[r, :, :count]], dim=1)
-            row.values = torch.cat([row.values, v[r, :, :count]], dim=1)
+            row.keys = torch.cat([row.keys, k[:, r, :, :count]], dim=2)
+            row.values = torch.cat([row.values, v[:, r, :, :count]], dim=2)
         return out[torch.arange(len(rows)), torch.tensor(counts) - 1]
 
     # --------------------------------------------------------------- interface
@@ -158,8 +162,7 @@ class HeadDrafter(Drafter):
         sequences = [list(r.sequence) for r in requests]
         predicted = self._sync(rows, sequences)  # [R, H]
         need = [r.max_tokens for r in requests]
-        empty = torch.zeros(self._kv_shape[0], 0, self._kv_shape[1], dtype=self.dtype)
-        drafted_k, drafted_v = [empty] * len(rows), [empty] * len(rows)
+        drafted_k, drafted_v = [self._empty] * len(rows), [self._empty] * len(rows)
         for depth in range(max(need)):
             drawing = [depth < n for n in need]
             law, tokens = draw(self.logits_of(predicted), self.vocab, self.vocab_size, contexts,
@@ -174,10 +177,10 @@ class HeadDrafter(Drafter):
             # the pair (predicted feature, drafted token), seeing the chain's earlier pairs
             positions = torch.tensor([[len(seq) - 1 + depth] for seq in sequences], dtype=torch.long)
             counts = [1 if depth + 1 < n else 0 for n in need]
-            extra = [(dk, dv, torch.ones(1, dk.shape[1], dtype=torch.bool)) for dk, dv in zip(drafted_k, drafted_v)]
+            extra = [(dk, dv, torch.ones(1, dk.shape[2], dtype=torch.bool)) for dk, dv in zip(drafted_k, drafted_v)]
             out, k, v = self._run(rows, predicted.unsqueeze(1), tokens.unsqueeze(1), positions, counts, extra)
-            drafted_k = [torch.cat([dk, k[r, :, :1]], dim=1) for r, dk in enumerate(drafted_k)]
-            drafted_v = [torch.cat([dv, v[r, :, :1]], dim=1) for r, dv in enumerate(drafted_v)]
+            drafted_k = [torch.cat([dk, k[:, r, :, :1]], dim=2) for r, dk in enumerate(drafted_k)]
+            drafted_v = [torch.cat([dv, v[:, r, :, :1]], dim=2) for r, dv in enumerate(drafted_v)]
             predicted = out[:, 0]
 
     def _draft_tree(self, requests: list[DraftRequest]) -> list[list[list[int]]]:
@@ -222,16 +225,15 @@ class HeadDrafter(Drafter):
                 lines = [ancestors(nodes[r], i) for i in picked]
                 mask = torch.tensor([[a in line for a in ran] for line in lines], dtype=torch.bool)
                 mask = mask.reshape(len(picked), len(ran))
-                empty = torch.zeros(self._kv_shape[0], 0, self._kv_shape[1], dtype=self.dtype)
-                extra.append((torch.cat([nodes[r][a].state[1] for a in ran], dim=1) if ran else empty,
-                              torch.cat([nodes[r][a].state[2] for a in ran], dim=1) if ran else empty, mask))
+                extra.append((torch.cat([nodes[r][a].state[1] for a in ran], dim=2) if ran else self._empty,
+                              torch.cat([nodes[r][a].state[2] for a in ran], dim=2) if ran else self._empty, mask))
             out, k, v = self._run(rows, features, tokens, positions, [len(c) for c in chosen], extra)
             values, indices = best(out)
             for r, picked in enumerate(chosen):
                 frontier[r] = []
                 for j, i in enumerate(picked):
                     node = nodes[r][i]
-                    node.state = (out[r, j], k[r, :, j:j + 1], v[r, :, j:j + 1])  # predicted feature, key, value
+                    node.state = (out[r, j], k[:, r, :, j:j + 1], v[:, r, :, j:j + 1])  # predicted feature, keys, values
                     expanded[r].append(i)
                     frontier[r] += grow(r, i, values[r][j], indices[r][j], node.score, depth)
         return [best_paths(row_nodes, self.tree_nodes) for row_nodes in nodes]

@@ -1,4 +1,4 @@
-"""The trained draft head (EAGLE / Hydra style): one small decoder layer on the target's own features.
+"""The trained draft head (EAGLE / Hydra style): one small decoder layer (or a few) on the target's own features.
 
 At position i it reads the pair (the target's feature f_i, the embedding of token i + 1) and predicts
 f_{i+1}, the target's feature one position on; the target's own output layer, cut to a truncated
@@ -9,12 +9,14 @@ the target's LM head.
 
 The layer is written out here (RMSNorm, grouped-query attention with rotary positions, a gated MLP)
 rather than borrowed from a transformers model class, because the drafter attends per row over caches
-of different lengths and the trainer over whole sequences, and both go through
-:meth:`DraftHead.project` / :meth:`DraftHead.finish` with the attention in between.
+of different lengths and the trainer over whole sequences, and both go through :meth:`DraftHead.run`,
+which leaves each layer's attention to its caller. ``HeadConfig.num_layers`` stacks layers (EAGLE's
+head is one; the shipped head is one).
 """
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -32,6 +34,7 @@ class HeadConfig:
     num_kv_heads: int = 1
     head_dim: int = 64
     intermediate_size: int = 1024
+    num_layers: int = 1
     rope_theta: float = 10_000.0
     eps: float = 1e-6
 
@@ -49,19 +52,14 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
 
-class DraftHead(nn.Module):
-    """The network. ``forward`` runs whole sequences (training); the drafter runs
-    :meth:`inputs` -> :meth:`project` -> its own cached attention -> :meth:`finish`."""
-
-    kind = "head"
+class HeadLayer(nn.Module):
+    """One decoder layer of the head: attention (its inputs from :meth:`project`, the attention itself
+    left to the caller: whole sequences in training, per-row caches in the drafter) and a gated MLP."""
 
     def __init__(self, config: HeadConfig):
         super().__init__()
         self.config = config
         hidden, inner = config.hidden_size, config.num_heads * config.head_dim
-        self.feature_norm = nn.RMSNorm(hidden, eps=config.eps)
-        self.embedding_norm = nn.RMSNorm(hidden, eps=config.eps)
-        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
         self.attention_norm = nn.RMSNorm(hidden, eps=config.eps)
         self.q = nn.Linear(hidden, inner, bias=False)
         self.k = nn.Linear(hidden, config.num_kv_heads * config.head_dim, bias=False)
@@ -71,11 +69,6 @@ class DraftHead(nn.Module):
         self.gate = nn.Linear(hidden, config.intermediate_size, bias=False)
         self.up = nn.Linear(hidden, config.intermediate_size, bias=False)
         self.down = nn.Linear(config.intermediate_size, hidden, bias=False)
-        self.out_norm = nn.RMSNorm(hidden, eps=config.eps)
-
-    def inputs(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
-        """The layer's input ``[B, n, H]`` from the pairs (feature, next token's embedding)."""
-        return self.fc(torch.cat([self.feature_norm(features), self.embedding_norm(embeddings)], dim=-1))
 
     def project(self, x: torch.Tensor, positions: torch.Tensor):
         """Queries ``[B, heads, n, d]``, keys and values ``[B, kv_heads, n, d]`` (rotated) of inputs ``x``."""
@@ -87,6 +80,38 @@ class DraftHead(nn.Module):
         v = self.v(h).view(batch, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
         return rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta), v
 
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The layer's output ``[B, n, H]`` from its inputs ``x`` and their attention outputs."""
+        batch, _, n, _ = attended.shape
+        x = x + self.o(attended.transpose(1, 2).reshape(batch, n, -1))
+        h = self.mlp_norm(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+#: how a caller attends: ``(layer index, q, k, v) -> attention outputs`` (see :meth:`DraftHead.run`)
+Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class DraftHead(nn.Module):
+    """The network. ``forward`` runs whole sequences (training); the drafter runs :meth:`inputs` ->
+    :meth:`run` with its own cached attention per layer."""
+
+    kind = "head"
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.feature_norm = nn.RMSNorm(hidden, eps=config.eps)
+        self.embedding_norm = nn.RMSNorm(hidden, eps=config.eps)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.layers = nn.ModuleList(HeadLayer(config) for _ in range(config.num_layers))
+        self.out_norm = nn.RMSNorm(hidden, eps=config.eps)
+
+    def inputs(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """The first layer's input ``[B, n, H]`` from the pairs (feature, next token's embedding)."""
+        return self.fc(torch.cat([self.feature_norm(features), self.embedding_norm(embeddings)], dim=-1))
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention of ``q`` ``[B, heads, n, d]`` over ``k`` / ``v`` ``[B, kv_heads, T, d]`` with a bool
         ``mask`` ``[B or 1, 1, n, T]`` (True: may attend) or causal when None (T = n)."""
@@ -94,21 +119,24 @@ class DraftHead(nn.Module):
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
 
-    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """The predicted features ``[B, n, H]`` from the inputs ``x`` and their attention outputs."""
-        batch, _, n, _ = attended.shape
-        x = x + self.o(attended.transpose(1, 2).reshape(batch, n, -1))
-        h = self.mlp_norm(x)
-        x = x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
-        return self.out_norm(x)
+    def run(self, x: torch.Tensor, positions: torch.Tensor, attention: Attention):
+        """The layers over inputs ``x`` ``[B, n, H]`` at ``positions`` ``[B, n]``, each layer's queries, keys
+        and values attended by ``attention``: the predicted features ``[B, n, H]`` and the block's keys and
+        values of every layer, ``[L, B, kv_heads, n, d]`` (what a cache keeps)."""
+        keys, values = [], []
+        for index, layer in enumerate(self.layers):
+            q, k, v = layer.project(x, positions)
+            x = layer.finish(x, attention(index, q, k, v))
+            keys.append(k)
+            values.append(v)
+        return self.out_norm(x), torch.stack(keys), torch.stack(values)
 
     def forward(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """Whole sequences (causal; right padding is never attended by real positions): the predicted
         feature of position i + 1 for each pair i, ``[B, n, H]``."""
         x = self.inputs(features, embeddings)
         positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
-        q, k, v = self.project(x, positions)
-        return self.finish(x, self.attend(q, k, v, None))
+        return self.run(x, positions, lambda _, q, k, v: self.attend(q, k, v, None))[0]
 
 
 @dataclass(frozen=True)
