@@ -258,11 +258,12 @@ def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_d
     corpus.write_text("\n\n".join(f"the cat sat on mat number {i} and the dog sat too" for i in range(30)))
     out = tmp_path / "head"
     argv = ["train", "head", "--model", str(tiny_model_dir), "--out", str(out), "--steps", "6", "--prompts", "4",
-            "--max-new-tokens", "16", "--vocab-size", "64", "--data", str(corpus)]
+            "--max-new-tokens", "16", "--vocab-size", "64", "--data", str(corpus), "--layers", "2"]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "head written to" in err and "held-out acceptance" in err
-    info = load_head(out)[3]
+    head, _, _, info = load_head(out)
+    assert head.config.num_layers == 2 and len(head.layers) == 2
     assert info["training_tokens"] > 0 and 0.0 <= info["held_out_acceptance"]["first_token_acceptance"] <= 1.0
     assert len(info["held_out_acceptance"]["acceptance_per_position"]) == 5
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "the cat sat", "--max-new-tokens", "12", "--json"]
@@ -286,6 +287,7 @@ def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_d
 
 
 @pytest.mark.parametrize("extra, message", [(["--steps", "0"], "--steps must be >= 1"),
+                                            (["--layers", "0"], "--layers must be >= 1"),
                                             (["--data", "/no/such/file.txt"], "training data not found")])
 def test_genspec_train_head_bad_input_is_one_line(capsys, tmp_path, tiny_model_dir, extra, message):
     from genspec.cli import main

@@ -42,6 +42,8 @@ def add_parser(subparsers) -> None:
                        help="longer prompts are not continued (decoding after them is slow on a CPU); their "
                             "text still trains, teacher-forced")
         p.add_argument("--vocab-size", type=int, default=8192, help="draft vocabulary (most frequent output tokens)")
+        if kind == "head":
+            p.add_argument("--layers", type=int, default=1, help="the head's decoder layers (EAGLE's: 1)")
         if kind == "medusa":
             p.add_argument("--num-heads", type=int, default=4, help="heads (the longest draft)")
         if kind == "draft":
@@ -97,7 +99,7 @@ def run(args) -> int:
     import genspec
     from genspec.api import DRAFTERS
     from genspec.models.distilled import DraftConfig
-    from genspec.models.draft_head import MedusaConfig
+    from genspec.models.draft_head import HeadConfig, MedusaConfig
     from genspec.models.hf import HFCausalLM
     from genspec.train.data import held_out_acceptance
     from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
@@ -128,11 +130,12 @@ def run(args) -> int:
         task = progress.add_task("training", total=args.steps)
         settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
         tokens = sum(len(f) for _, f in train)
-        config = {"head": None, "medusa": lambda: MedusaConfig(target.config.hidden_size, args.num_heads),
+        config = {"head": lambda: HeadConfig(target.config.hidden_size, num_layers=args.layers),
+                  "medusa": lambda: MedusaConfig(target.config.hidden_size, args.num_heads),
                   "draft": lambda: DraftConfig(target.config.hidden_size, len(vocab) + 1, width=args.width,
                                                num_layers=args.layers, max_positions=target.max_context or 8192)
                   }[args.kind]
-        config = config() if config else None
+        config = config()
         log = train_head(target, train, held, vocab, out, config, settings=settings, resume=args.resume, kind=args.kind,
                          progress=lambda step, entry: progress.update(
                              task, completed=step, description=f"training (loss {entry['loss']:.3f})"),
