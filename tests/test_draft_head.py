@@ -16,6 +16,7 @@ from genspec.drafters.head import HeadDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
 from genspec.models import HFCausalLM
+from genspec.models.hf import TransposedLinear
 from genspec.models.draft_head import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
 from genspec.sampling import SamplingConfig
 from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
@@ -76,6 +77,8 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target, layers):
     (a cache per layer)."""
     head = _head(layers=layers)
     drafter = HeadDrafter(tiny_target, head, list(range(64)))
+    # the drafter runs a copy on the target's fast kernels; the caller's head keeps its stock layers
+    assert type(head.layers[0].q) is torch.nn.Linear and type(drafter.head.layers[0].q) is TransposedLinear
     sequence = [5, 9, 11, 3, 7, 7, 2, 40, 41, 13]
     tiny_target.reset(0)
     [features] = tiny_target.add_rows([sequence[:-1]], return_hidden=True)

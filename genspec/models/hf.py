@@ -98,7 +98,7 @@ class HFCausalLM(CausalLM):
             lm_head = LMHead(head.weight, self._head_bias)
         self._lm_head = lm_head
         if fast_kernels:
-            _transpose_linears(self._decoder)
+            transpose_linears(self._decoder)
         self.reset(0)
 
     @property
@@ -483,7 +483,7 @@ class TransposedLinear(torch.nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def _transpose_linears(module: torch.nn.Module) -> None:
+def transpose_linears(module: torch.nn.Module) -> None:
     """Replace every ``nn.Linear`` below ``module`` by a :class:`TransposedLinear` (in place)."""
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
