@@ -19,7 +19,7 @@ from genspec.errors import ConfigError
 BENCH_PROMPTS_EXCLUDED = 5
 
 
-KINDS = {"head": "an EAGLE-style draft head on the target's own features (one decoder layer)",
+KINDS = {"head": "an EAGLE-style draft head on the target's own features (one decoder layer, or --layers N)",
          "medusa": "Medusa-1 heads: K residual blocks on the target's last feature",
          "draft": "a tiny standalone draft model with the target's tokenizer, distilled from its laws"}
 
