@@ -315,7 +315,9 @@ def test_a_full_queue_answers_429(tiny_model_dir):
             calls = [pool.submit(httpx.post, server.url + "/v1/completions", timeout=120,
                                  json={"prompt": PROMPT, "max_tokens": 60, "temperature": 0}) for _ in range(6)]
             statuses = [c.result().status_code for c in calls]
-        assert statuses.count(429) >= 1 and statuses.count(200) >= 2
+        # one row runs and one request waits: at most 2 accepted, at least 1 (when all 6 arrive before the
+        # worker moves the first out of the queue, only it gets in: a CI run saw 1 x 200 and 5 x 429)
+        assert 1 <= statuses.count(200) <= 2 and statuses.count(429) == 6 - statuses.count(200)
         rejected = next(c.result() for c in calls if c.result().status_code == 429)
         assert rejected.json()["error"]["code"] == "queue_full"
         assert server.metric("genspec:request_failure_total", reason="queue_full") >= 1

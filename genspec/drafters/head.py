@@ -59,8 +59,8 @@ class HeadDrafter(Drafter):
         self.samples_drafts = not self.tree_nodes  # a chain is drawn from the draft law; a tree is deterministic
         self.device, self.dtype = target.device, target.dtype
         # a copy (the caller's module is left as it was) whose linears run as TransposedLinear, as the
-        # target's do (``fast_kernels``): a draft step of the shipped head costs about a third less, with the
-        # same drafts (python benchmarks/head_draft_cost.py, benchmarks/results/head_draft_cost.txt)
+        # target's do (``fast_kernels``): a draft step of the shipped head 2.56 against 4.33 ms, the same
+        # drafts (2-core AMD EPYC; python benchmarks/head_draft_cost.py, benchmarks/results/head_draft_cost.txt)
         self.head = copy.deepcopy(head).to(self.device, self.dtype).eval()
         if fast_kernels:
             transpose_linears(self.head)
@@ -69,7 +69,8 @@ class HeadDrafter(Drafter):
         self.logits_of = target.subset_head(self.vocab)
         self.vocab_size = target.vocab_size
         config = head.config
-        self._empty = torch.zeros(config.num_layers, config.num_kv_heads, 0, config.head_dim, dtype=self.dtype)
+        self._empty = torch.zeros(config.num_layers, config.num_kv_heads, 0, config.head_dim, dtype=self.dtype,
+                                  device=self.device)
         self._rows: dict[int, _Row] = {}
 
     @classmethod
