@@ -8,33 +8,27 @@ positions: the share where the target's token is the head's top 1, among its top
 sibling first tokens (``-O tree_nodes=k -O tree_top_k=k``, depth 1) keeps one more token exactly that often.
 """
 import argparse
-import json
 
 import torch
 
 import genspec
 from genspec.drafters.trained import load_for_target
+from head_answers import ANSWERS, teacher_forced
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--outputs", required=True)
+parser.add_argument("--outputs", default=ANSWERS)
 args = parser.parse_args()
 target = genspec.load_model(None)
 head, vocab_ids = load_for_target(target, None, "head")
 head = head.float().eval()
 vocab = torch.tensor(vocab_ids)
 logits_of = target.subset_head(vocab)
-embed = target.model.get_input_embeddings()
 hits, positions = torch.zeros(4), 0
 with torch.no_grad():
-    for prompt, answer in json.load(open(args.outputs)):
-        seq = prompt + answer
-        target.reset(0)
-        features = target.add_rows([seq[:-1]], return_hidden=True)[0].float()
-        target.reset(0)
-        predicted = head(features[None, :-1], embed(torch.tensor(seq[1:-1]))[None].float())[0]  # feature at i + 1
+    for seq, prompt_length, _, predicted in teacher_forced(target, head, args.outputs):
         top = vocab[logits_of(predicted).topk(4, dim=-1).indices]  # [n, 4]: token i + 2's candidates
         truth = torch.tensor(seq[2:])
-        answer_positions = torch.arange(len(truth)) + 2 >= len(prompt)
+        answer_positions = torch.arange(len(truth)) + 2 >= prompt_length
         found = (top == truth[:, None]).cumsum(-1).clamp(max=1)[answer_positions]
         hits += found.sum(0).float()
         positions += int(answer_positions.sum())

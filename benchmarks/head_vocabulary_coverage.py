@@ -6,21 +6,18 @@ Prints each set's coverage of the answers' tokens and the head's top-1 agreement
 
     python benchmarks/head_vocabulary_coverage.py   # from the repository's root; log: benchmarks/results/head_misses/vocabulary.txt
 """
-import json, time
+import time
 import torch
 import genspec
 from genspec.bench.prompts import load_spec_bench, encode_prompt
 from genspec.drafters.trained import load_for_target
+from head_answers import teacher_forced
 
 torch.manual_seed(0)
 target = genspec.load_model(None)
 V = target.vocab_size
 head, shipped = load_for_target(target, None, "head"); head = head.float().eval()
-embed = target.model.get_input_embeddings()
 t0 = time.time()
-# the answers benchmarks/next_token_layer_state.py measures (written there once; this run made the same file)
-diag = json.load(open("benchmarks/results/next_token_layer_state/outputs.json"))
-print("diag ready", round(time.time() - t0), flush=True)
 # soft counts from the training prompts (6th on, teacher-forced), as training would see them
 train_prompts = [encode_prompt(p.text, target.tokenizer)[:1024] for p in load_spec_bench(skip=5)]
 soft = torch.zeros(V, dtype=torch.float64)
@@ -35,14 +32,8 @@ with torch.no_grad():
             soft += target.head(f[s:s+256]).float().softmax(-1).sum(0).double()
         used += len(seq)
 print("soft counts over", used, "positions", round(time.time() - t0), flush=True)
-# features of diag sequences
-feats = []
-with torch.no_grad():
-    for p, out in diag:
-        seq = p + out
-        target.reset(0); f = target.add_rows([seq[:-1]], return_hidden=True)[0].float(); target.reset(0)
-        x = head(f[None, :-1], embed(torch.tensor(seq[1:-1]))[None].float())[0]  # predicted f_{i+1}
-        feats.append((seq, len(p), x))
+# the head's predicted features over the answers
+feats = [(seq, plen, x) for seq, plen, _, x in teacher_forced(target, head)]
 shipped_t = torch.tensor(shipped)
 def vocab_union(base, extra, size):
     out = list(dict.fromkeys(list(base) + [int(t) for t in extra]))[:size]
