@@ -11,10 +11,11 @@ measurement, as :func:`genspec.calibration.step_time` does):
  (a) the whole verify forward (``target.forward``: decoder + genspec's LM head), and the decoder alone
      (``target.hidden_states``), so head = (a) - decoder;
  (b) the LM head alone (262,144 x 640 fp32) with each exact kernel genspec has: the chunked ``bmm`` over
-     the transposed copy, ``W @ x.T``, and what :class:`genspec.models.head.LMHead` picks for that many rows;
+     the transposed copy, ``W @ x.T``, oneDNN's GEMM over a packed copy, and what
+     :class:`genspec.models.head.LMHead` picks for that many rows;
  (c) the decoder's linear layers alone (all of them, once each, on that many rows): ``x @ W_t`` over a
      transposed copy (genspec's one-row kernel until 2026-11-26), ``W @ x.T``, ``F.linear`` (what
-     transformers runs) and :class:`genspec.models.hf.TransposedLinear` as it is now.
+     transformers runs), the packed GEMM and :class:`genspec.models.hf.TransposedLinear` as it is now.
 
 Widths are interleaved within each repeat (a background load shifts all widths alike); each cell is
 ``median / min`` over repeats (noise only adds time, so on a shared CPU the minimum is the steadier
@@ -106,6 +107,7 @@ def main() -> None:
         "LMHead": head,
         "bmm chunks": lambda x: torch.bmm(x.unsqueeze(0).expand(chunks, -1, -1), head.chunked_t),
         "W @ x.T": lambda x: (head.weight @ x.T).T,
+        "packed": head.packed,
     }
     linears = [m for m in target.decoder.modules() if isinstance(m, TransposedLinear)]
     transposed = [m.weight.detach().t().contiguous() for m in linears]  # the one-row kernel genspec ran before
@@ -115,6 +117,7 @@ def main() -> None:
         "lin genspec": lambda rows: [m(inputs[m.in_features][:rows]) for m in linears],
         "lin W @ x.T": lambda rows: [(m.weight @ inputs[m.in_features][:rows].T).T for m in linears],
         "lin F.linear": lambda rows: [F.linear(inputs[m.in_features][:rows], m.weight) for m in linears],
+        "lin packed": lambda rows: [m.packed_weight(inputs[m.in_features][:rows]) for m in linears],
     }
     hidden = torch.randn(max(widths), head.weight.shape[1])
     times: dict[tuple[str, int], list[float]] = {}
@@ -130,7 +133,7 @@ def main() -> None:
                 for name, kernel in layer_kernels.items():
                     times.setdefault((name, width), []).append(timed(lambda: kernel(width)))
 
-    columns = ["verify", "decoder", "LMHead", "bmm chunks", "W @ x.T", *layer_kernels]
+    columns = ["verify", "decoder", *kernels, *layer_kernels]
     lines = [f"median / min of {args.repeats} (ms)", "width " + " ".join(f"{c:>13s}" for c in columns)]
     for width in widths:
         cells = (f"{statistics.median(times[(c, width)]):.0f} / {min(times[(c, width)]):.0f}" for c in columns)

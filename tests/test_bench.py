@@ -301,7 +301,7 @@ def check_bench_output(out, expect_sweep: bool = True) -> dict:
         assert results["machine"][key]
     assert results["model"]["path"] and results["model"]["vocab_size"] > 0
     kernels = results["model"]["lm_head_kernels"]  # a tiny model's head is not timed: nothing chosen
-    assert kernels is None or all(k in ("gemm", "chunked") for k in kernels.values())
+    assert kernels is None or all(k in ("gemm", "packed", "chunked") for k in kernels.values())
     names = [m["name"] for m in results["methods"]]
     assert names[:2] == [PLAIN, HF_PLAIN]
     for run in results["runs"]:

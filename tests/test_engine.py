@@ -36,6 +36,29 @@ def test_greedy_speculation_equals_plain_decoding(tiny_target, name, batch):
         assert len(s.token_ids) == 24
 
 
+@pytest.mark.parametrize("name", ["prompt-lookup", "self-draft"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_speculation_equals_plain_decoding_in_float32_through_the_packed_kernels(name, batch):
+    """In float32 a verify block of 3 or more tokens takes oneDNN's packed GEMM in every linear layer and
+    the LM head, and one token the BLAS kernel: different summation orders, the same greedy output."""
+    from genspec.models.hf import TransposedLinear
+
+    target = HFCausalLM(tiny_llama(0, dtype=torch.float32))
+    layer = next(m for m in target.model.modules() if isinstance(m, TransposedLinear))
+    with torch.inference_mode():
+        assert layer.kernel(torch.zeros(5, layer.in_features)) == "packed"
+    assert target.lm_head.kernel(5) == "packed"
+    draft = {"prompt-lookup": PromptLookupDrafter,
+             "self-draft": lambda: DraftModelDrafter(HFCausalLM(tiny_llama(0, dtype=torch.float32)))}[name]()
+    prompts = PROMPTS[:batch]
+    plain = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())
+    spec = SpeculativeEngine(target, draft).generate_ids(prompts, max_new_tokens=24, num_draft_tokens=4,
+                                                        draft_length="fixed", eos_token_ids=())
+    assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+    if name == "self-draft":
+        assert spec[0].stats.mean_accepted_length > 4  # full 5-token blocks were verified
+
+
 def test_greedy_plain_decoding_equals_transformers_generate(tiny_target):
     ids = torch.tensor([PROMPTS[0]])
     reference = tiny_target.model.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]

@@ -110,15 +110,64 @@ def test_context_overflow_is_a_clear_error():
         model.forward(torch.zeros(1, 300, dtype=torch.long))
 
 
-def test_a_two_row_lm_head_takes_the_chunked_kernel():
+def test_a_two_row_lm_head_takes_the_chunked_kernel_where_there_is_no_packed_one():
     """W @ x.T cost 2.3x the one-row step for two rows on the Intel Xeon VM, more than for 3-9 rows
-    (benchmarks/verify_width_cost.py); a 2-token verify block must take the chunked bmm, as one row does."""
+    (benchmarks/verify_width_cost.py); without oneDNN's packed GEMM (a float64 head here) a 2-token verify
+    block must take the chunked bmm, as one row does."""
     from genspec.models.head import LMHead
 
-    assert [LMHead.default_kernel(rows) for rows in (1, 2, 3, 12, 13, 63)] == ["chunked", "chunked", "gemm", "gemm", "chunked", "chunked"]
-    assert LMHead.default_kernel(64) == LMHead.default_kernel(2048) == "gemm"  # a training batch: one GEMM
-    small = LMHead(torch.randn(300, 8))  # a test model's head: the fixed choice, never timed
-    assert not small.tune and [small.kernel(rows) for rows in (1, 2, 3)] == ["chunked", "chunked", "gemm"]
+    head = LMHead(torch.randn(300, 8, dtype=torch.float64))
+    assert head.kernels == ("gemm", "chunked")
+    assert [head.default_kernel(rows) for rows in (1, 2, 3, 12, 13, 63)] == ["chunked", "chunked", "gemm", "gemm", "chunked", "chunked"]
+    assert head.default_kernel(64) == head.default_kernel(2048) == "gemm"  # a training batch: one GEMM
+    assert not head.tune and [head.kernel(rows) for rows in (1, 2, 3)] == ["chunked", "chunked", "gemm"]
+
+
+def test_a_float32_cpu_head_takes_the_packed_gemm_without_gradients_and_stays_exact():
+    """oneDNN's packed GEMM is the small heads' kernel for every row count (module docstring of
+    genspec.models.head); results are the same products up to summation order (fp32, 1e-5), a gradient
+    goes through the differentiable GEMM and is right, and a head copied after use still computes."""
+    import copy
+
+    from genspec.models.head import LMHead
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 8, generator=generator)
+    head = LMHead(weight)
+    assert head.kernels == ("gemm", "packed") and not head.tune
+    assert [head.kernel(rows) for rows in (1, 2, 3, 16, 64)] == ["packed"] * 5
+    for rows in (1, 2, 3, 16, 64):
+        hidden = torch.randn(rows, 8, generator=generator)
+        assert torch.allclose(head(hidden), hidden @ weight.T, atol=1e-5, rtol=0)
+    leaf = torch.randn(5, 8, generator=generator, requires_grad=True)
+    head(leaf).square().sum().backward()
+    assert torch.allclose(leaf.grad, 2 * (leaf.detach() @ weight.T) @ weight, atol=1e-3, rtol=1e-5)
+    copied = copy.deepcopy(head)
+    hidden = torch.randn(4, 8, generator=generator)
+    assert torch.allclose(copied(hidden), hidden @ weight.T, atol=1e-5, rtol=0)
+
+
+def test_a_transposed_linear_packs_from_three_rows_and_repacks_after_its_weight_changes():
+    """1-2 rows take W @ x.T, 3 or more the packed copy; a weight updated in place (a training step, a
+    loaded state dict) is packed again, a deep copy packs its own, and autograd never meets the packed op."""
+    import copy
+
+    linear = torch.nn.Linear(24, 7)
+    layer = TransposedLinear(linear)
+    x = torch.randn(5, 24)
+    with torch.no_grad():
+        assert [layer.kernel(x[:rows]) for rows in (1, 2, 3, 5)] == ["gemm", "gemm", "packed", "packed"]
+        assert torch.allclose(layer(x), linear(x), atol=1e-5, rtol=0)
+        linear.weight.mul_(-2.0)
+        assert torch.allclose(layer(x), linear(x), atol=1e-5, rtol=0)
+        copied = copy.deepcopy(layer)
+        copied.weight.add_(1.0)
+        assert torch.allclose(copied(x), x @ copied.weight.T + copied.bias, atol=1e-5, rtol=0)
+        assert torch.allclose(layer(x), linear(x), atol=1e-5, rtol=0)
+    assert layer.kernel(x) == "gemm"  # the weight asks for a gradient
+    layer(x).sum().backward()
+    assert torch.allclose(linear.weight.grad, x.sum(0).expand(7, -1), atol=1e-5, rtol=0)
+    assert layer.kernel(torch.randn(5, 24, dtype=torch.float64)) == "gemm"
 
 
 def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count():
@@ -126,7 +175,7 @@ def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count()
     the reverse on the Intel one), so a tuned head alternates both kernels on a row count's first calls and
     keeps the faster; every call returns the exact product. A fake clock makes the gemm faster at 1 row
     (computed as two) and at 2 rows, and the bmm faster at 5."""
-    from genspec.models.head import KERNELS, TUNE_TRIALS, LMHead
+    from genspec.models.head import TUNE_TRIALS, LMHead
 
     class FakeClock:  # read twice per timed call: the second reading is ``duration`` later
         def __init__(self):
@@ -153,7 +202,7 @@ def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count()
             assert torch.allclose(head(hidden), hidden @ weight.T, atol=1e-12, rtol=0)
     assert head.chosen() == {1: "gemm", 2: "gemm", 5: "chunked"}
     for rows in (1, 2, 5):  # both kernels timed TUNE_TRIALS times, then only the winner, untimed
-        assert sorted(seen[rows][:2 * TUNE_TRIALS]) == sorted(KERNELS * TUNE_TRIALS)
+        assert sorted(seen[rows][:2 * TUNE_TRIALS]) == sorted(head.kernels * TUNE_TRIALS)
         assert set(seen[rows][2 * TUNE_TRIALS:]) == {head.chosen()[rows]}
     assert clock.readings == 3 * 2 * 2 * TUNE_TRIALS
 

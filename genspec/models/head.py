@@ -30,6 +30,13 @@ original weight (shared with the model, no copy), and more rows use the ``bmm`` 
 fp32 products of the same numbers; only the summation order inside the BLAS differs (last-bit
 differences, as between any two batch sizes).
 
+oneDNN's GEMM over a copy of the weight packed once for it (:class:`PackedWeight`) beats all of these
+from 3 rows on, by far for wide blocks: on the EPYC VM 18-24 ms for 3-8 rows and 27-33 ms for 12-16,
+against 26-49 ms and 88-109 ms as ``W @ x.T`` (``python benchmarks/verify_width_cost.py --widths
+1,2,3,4,5,6,8,12,16 --repeats 9``, benchmarks/results/verify_width_cost_packed.txt; 2026-11-26, quiet). So
+where the weight can take it (a float32 CPU tensor) the packed GEMM replaces the ``bmm`` as a head's
+second kernel, and its copy replaces the chunked one (no more memory than before).
+
 Since the ranking differs between machines, a large head on the CPU picks its kernel per row count by
 timing: the first calls with a new row count alternate the two kernels (the logits they compute are the
 ones returned, so nothing is computed twice), and after ``TUNE_TRIALS`` calls of each the faster one
@@ -46,6 +53,8 @@ then takes 19-22 ms against the ``bmm``'s 19-24 ms and 61-65 ms as a GEMV
 """
 from __future__ import annotations
 
+import copy
+import functools
 import time
 from collections.abc import Callable
 
@@ -59,7 +68,11 @@ SMALL_GEMM_ROWS = range(3, 13)
 #: 2,048 rows x 8,192 x 640 take 154 ms as ``W @ x.T``, 175 ms as the ``bmm``, 158 ms as ``F.linear``;
 #: ``python benchmarks/subset_head_cost.py``, benchmarks/results/subset_head_cost.txt)
 LARGE_GEMM_ROWS = 64
-KERNELS = ("chunked", "gemm")
+#: the kernels a head may time: ``W @ x.T`` and, on a CPU with oneDNN and a float32 weight, its prepacked
+#: GEMM, else the chunked ``bmm`` (see :class:`LMHead`)
+KERNELS = ("gemm", "packed", "chunked")
+#: the number of rows oneDNN lays a packed weight out for; it serves every row count (``PackedWeight``)
+PACK_ROWS_HINT = 8
 #: heads with at least this many weights (vocabulary x hidden) time their kernels (the embedded model's:
 #: 262,144 x 640 = 168 M); below it a head call costs too little for the choice to matter
 TUNE_MIN_ELEMENTS = 1 << 24
@@ -79,25 +92,72 @@ def weight_times_rows(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return (weight @ columns.T).T[:count]
 
 
+def packable(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` can take oneDNN's prepacked GEMM: a float32 CPU tensor, with a torch built with
+    oneDNN (every CPU wheel). Other dtypes (the tests' float64) and devices keep the BLAS kernels."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+class PackedWeight:
+    """A weight ``[out, in]`` laid out once for oneDNN's GEMM, which computes ``rows @ weight.T`` for the
+    3-16 rows of a verify block far faster than MKL does from the plain weight on this CPU: the embedded
+    model's 126 decoder linears take 19-21 ms for 3-8 rows packed against 21-41 ms as ``W @ x.T``, its
+    262k-row LM head 19-25 ms against 24-54 ms, 12 rows 28 against 109 ms; one or two rows stay faster
+    unpacked (decoder 15 against 19 ms, head 17-20 against 26-31 ms). Median ms, 2-core AMD EPYC, torch
+    2.13, MKL 2024.2, oneDNN 3.12 (``python benchmarks/verify_width_cost.py``). The same fp32 products;
+    only the summation order differs (last-bit differences, as between any two kernels or batch sizes).
+
+    The packed copy (as large as the weight) is made on first use and again if the weight changed in
+    place or moved (its version counter or storage differ); it is never copied or pickled, since oneDNN's
+    opaque tensors cannot be: a deep copy of a module holding one packs afresh when it runs."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self._packed: torch.Tensor | None = None
+        self._packed_from: tuple[int, int] | None = None
+
+    def __call__(self, rows: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``rows @ weight.T (+ bias)`` for ``rows`` ``[R, in]`` (no autograd: callers send gradients
+        through the BLAS kernels)."""
+        source = (self.weight.data_ptr(), self.weight._version)  # in-place updates bump _version
+        if self._packed is None or self._packed_from != source:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS_HINT)
+            self._packed_from = source
+        return torch.ops.mkldnn._linear_pointwise(rows, self._packed, bias, "none", [], "")
+
+    def __deepcopy__(self, memo):
+        return PackedWeight(copy.deepcopy(self.weight, memo))
+
+    def __getstate__(self):
+        return {"weight": self.weight}
+
+    def __setstate__(self, state):
+        self.__init__(state["weight"])
+
+
+def needs_grad(rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a product of ``rows`` and ``weight`` must carry a gradient (then the packed kernel, which
+    has no backward, is not taken)."""
+    return torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)
+
+
 class LMHead:
     """Logits ``[..., V]`` of hidden states ``[..., H]`` for a head weight ``[V, H]`` (and optional bias).
 
-    Holds the weight itself (a view, not a copy) and one transposed, chunked copy ``[C, H, CHUNK]``
-    (zero-padded at the end). Several models may share one head (self-drafts of the same target).
-    ``tune``: time the kernels per row count (module docstring; default: a large head on the CPU);
-    ``clock``: the timer (tests give a fake one)."""
+    Holds the weight itself (a view, not a copy) and, made on first use, one laid-out copy for its second
+    kernel: oneDNN's packed weight (:class:`PackedWeight`) where the weight can take it, else a
+    transposed, chunked copy ``[C, H, CHUNK]`` (zero-padded at the end) for the ``bmm``. Several models may
+    share one head (self-drafts of the same target). ``tune``: time the kernels per row count (module
+    docstring; default: a large head on the CPU); ``clock``: the timer (tests give a fake one)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, tune: bool | None = None,
                  clock: Callable[[], float] = time.perf_counter):
         weight = weight.detach()
         self.weight = weight if weight.is_contiguous() else weight.contiguous()
         self.bias = None if bias is None else bias.detach()
-        vocab, hidden = self.weight.shape
-        self.vocab_size = vocab
-        chunks = -(-vocab // CHUNK)
-        padded = self.weight.new_zeros(chunks * CHUNK, hidden)
-        padded[:vocab] = self.weight
-        self.chunked_t = padded.view(chunks, CHUNK, hidden).transpose(1, 2).contiguous()  # [C, H, CHUNK]
+        self.vocab_size = self.weight.shape[0]
+        #: the two kernels this head chooses between
+        self.kernels = ("gemm", "packed") if packable(self.weight) else ("gemm", "chunked")
         if tune is None:
             tune = self.weight.device.type == "cpu" and self.weight.numel() >= TUNE_MIN_ELEMENTS
         self.tune = tune
@@ -107,9 +167,27 @@ class LMHead:
         self._until_retune: dict[int, int] = {}  # rows -> calls left before it is timed again
         self._timings: dict[int, dict[str, list[float]]] = {}  # rows -> kernel -> seconds of its calls
 
-    @staticmethod
-    def default_kernel(rows: int) -> str:
-        """The fixed choice for ``rows`` rows: ``"gemm"`` (``W @ x.T``) or ``"chunked"`` (the ``bmm``)."""
+    @functools.cached_property
+    def chunked_t(self) -> torch.Tensor:
+        """The transposed, chunked copy ``[C, H, CHUNK]`` the ``bmm`` reads (made on first use)."""
+        vocab, hidden = self.weight.shape
+        chunks = -(-vocab // CHUNK)
+        padded = self.weight.new_zeros(chunks * CHUNK, hidden)
+        padded[:vocab] = self.weight
+        return padded.view(chunks, CHUNK, hidden).transpose(1, 2).contiguous()
+
+    @functools.cached_property
+    def packed_weight(self) -> PackedWeight:
+        return PackedWeight(self.weight)
+
+    def default_kernel(self, rows: int) -> str:
+        """The fixed choice for ``rows`` rows (an untuned head's, a tuned one's first): the packed GEMM
+        where there is one (a draft head's 8,192-row output layer: 0.26 / 0.29 / 0.24 / 0.44 ms for 1 / 2
+        / 4 / 8 rows against 0.54 / 0.52 / 0.64 / 1.35 as ``W @ x.T`` and 0.38 / 0.67 / 1.26 / 1.16 as the
+        ``bmm``, 2-core AMD EPYC, medians of 31, timed inline 2026-11-26); else ``"gemm"`` (``W @ x.T``) or
+        ``"chunked"`` (the ``bmm``) by the row count (module docstring)."""
+        if "packed" in self.kernels:
+            return "packed"
         return "gemm" if rows in SMALL_GEMM_ROWS or rows >= LARGE_GEMM_ROWS else "chunked"
 
     def kernel(self, rows: int) -> str:
@@ -122,7 +200,7 @@ class LMHead:
             return self.default_kernel(rows)
         timings = self._timings.get(rows, {})
         first = self.default_kernel(rows)
-        order = (first,) + tuple(k for k in KERNELS if k != first)
+        order = (first,) + tuple(k for k in self.kernels if k != first)
         return min(order, key=lambda k: len(timings.get(k, ())))
 
     def chosen(self) -> dict[int, str]:
@@ -130,10 +208,10 @@ class LMHead:
         return dict(self._chosen)
 
     def _record(self, rows: int, kernel: str, seconds: float) -> None:
-        timings = self._timings.setdefault(rows, {k: [] for k in KERNELS})
+        timings = self._timings.setdefault(rows, {k: [] for k in self.kernels})
         timings[kernel].append(seconds)
         if all(len(t) >= TUNE_TRIALS for t in timings.values()):
-            self._chosen[rows] = min(KERNELS, key=lambda k: min(timings[k]))
+            self._chosen[rows] = min(self.kernels, key=lambda k: min(timings[k]))
             del self._timings[rows]
             self._interval[rows] = min(RETUNE_MAX, 2 * self._interval.get(rows, RETUNE_FIRST // 2))
             self._until_retune[rows] = self._interval[rows]
@@ -160,18 +238,25 @@ class LMHead:
         out = torch.bmm(rows.unsqueeze(0).expand(self.chunked_t.shape[0], -1, -1), self.chunked_t)  # [C, R, CHUNK]
         return out.transpose(0, 1).reshape(rows.shape[0], -1)[:, :self.vocab_size]
 
+    def packed(self, rows: torch.Tensor) -> torch.Tensor:
+        """oneDNN's GEMM over the packed weight, for ``rows`` ``[R, H]``, no bias (no gradient)."""
+        return self.packed_weight(rows)
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         rows = hidden.reshape(-1, shape[-1])
         count = rows.shape[0]
-        kernel = self.kernel(count)
-        timing = self.tune and count not in self._chosen
-        start = self._clock() if timing else 0.0
-        logits = self.gemm(rows) if kernel == "gemm" else self.chunked(rows)
-        if timing:
-            self._record(count, kernel, self._clock() - start)
-        elif self.tune:
-            self._count_call(count)
+        if needs_grad(rows, self.weight):  # training through a draft head's output layer: a differentiable GEMM
+            logits = self.gemm(rows)
+        else:
+            kernel = self.kernel(count)
+            timing = self.tune and count not in self._chosen
+            start = self._clock() if timing else 0.0
+            logits = {"gemm": self.gemm, "packed": self.packed, "chunked": self.chunked}[kernel](rows)
+            if timing:
+                self._record(count, kernel, self._clock() - start)
+            elif self.tune:
+                self._count_call(count)
         if self.bias is not None:
             logits = logits + self.bias
         return logits.reshape(*shape[:-1], self.vocab_size)

@@ -8,11 +8,13 @@ position ids. That one mechanism gives chains, token trees, ragged batches and e
 every architecture whose attention takes a prepared 4-D mask (Llama, Gemma 3, Qwen, Mistral, ...).
 
 The LM head is applied by genspec (:class:`genspec.models.head.LMHead`), only to the rows that need it,
-with the fastest exact CPU kernel for the number of rows (a chunked ``bmm`` over a transposed copy or one
-``W @ x.T``, timed per row count on a large head); with a 262k vocabulary that halves a decode step's head and makes
-verifying a draft much cheaper than ``F.linear`` (benchmarks/step_cost.py).
+with the fastest exact CPU kernel for the number of rows (one ``W @ x.T`` or oneDNN's GEMM over a packed
+copy, timed per row count on a large head); with a 262k vocabulary that halves a decode step's head and makes
+verifying a draft much cheaper than ``F.linear`` (benchmarks/step_cost.py, benchmarks/verify_width_cost.py).
 The decoder's ``nn.Linear`` layers are swapped for :class:`TransposedLinear` (``(W @ x.T).T``, one row
-computed as two), which is exact and faster for the 1-16 row products of decoding on CPU.
+computed as two, and the packed GEMM from 3 rows on), which is exact and faster for the 1-16 row products
+of decoding on CPU: on the embedded model a 6-token verify block now costs 53 ms against 49 ms for one
+token (133 ms before the packed GEMM; benchmarks/results/verify_width_cost_packed.txt).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import torch
 
 from genspec.errors import ConfigError, InputFileError
 from genspec.models.base import CausalLM, PrefixKV
-from genspec.models.head import LMHead, weight_times_rows
+from genspec.models.head import LMHead, PackedWeight, needs_grad, packable, weight_times_rows
 
 #: files that make a model directory's tokenizer (if one is there but does not load, that is an error)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -459,7 +461,9 @@ def _filled_layers(cache):
 
 class TransposedLinear(torch.nn.Module):
     """``nn.Linear`` computed as the transposed product ``(W @ x.T).T``, the faster CPU kernel for the
-    few rows of decoding, exactly (the same fp32 products; only the BLAS's summation order differs).
+    one or two rows of decoding, and from ``PACKED_MIN_ROWS`` rows on (a verify block) as oneDNN's GEMM
+    over a packed copy of the weight (:class:`genspec.models.head.PackedWeight`, where the weight can take
+    it and no gradient is asked for), exactly (the same fp32 products; only the summation order differs).
 
     One row is duplicated to two: MKL's two-column GEMM beats its one-column GEMV (and ``x @ W.T`` on a
     transposed copy, what this class ran before); the result is made contiguous because a transposed view
@@ -467,19 +471,36 @@ class TransposedLinear(torch.nn.Module):
     attention refuses a query whose last dimension is strided and falls back to the math kernel. The
     embedded model's decoder, before / now, 1, 2, 3, 4 and 8 tokens after 200: 41 / 35, 44 / 34, 56 / 37,
     49 / 35, 76 / 58 ms (medians of 11, kernels alternated in one process; 2-core AMD EPYC, torch 2.13, MKL;
-    ``python benchmarks/linear_kernel_ab.py``, benchmarks/results/linear_kernel_ab.txt). Shares the
-    original weight, so no copy is kept; ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
+    ``python benchmarks/linear_kernel_ab.py``, benchmarks/results/linear_kernel_ab.txt). The packed GEMM
+    then took its 126 linears from 21-41 ms to 19-21 ms for 3-8 rows (15 against 19 ms for one or two
+    rows, where it loses; :class:`~genspec.models.head.PackedWeight`). Shares the original weight; the
+    packed copy (as large again: 400 MB for the embedded model) is made the first time a block of
+    ``PACKED_MIN_ROWS`` or more rows comes. ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
+
+    #: from this many rows on, the packed GEMM (the class docstring's timings)
+    PACKED_MIN_ROWS = 3
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        self.packed_weight = PackedWeight(self.weight)
+
+    def kernel(self, rows: torch.Tensor) -> str:
+        """``"packed"`` or ``"gemm"``: what a product with ``rows`` ``[R, in]`` runs."""
+        if rows.shape[0] >= self.PACKED_MIN_ROWS and packable(self.weight) and not needs_grad(rows, self.weight):
+            return "packed"
+        return "gemm"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = weight_times_rows(self.weight, x.reshape(-1, x.shape[-1])).contiguous()
-        if self.bias is not None:
-            out = out + self.bias
+        rows = x.reshape(-1, x.shape[-1])
+        if self.kernel(rows) == "packed":
+            out = self.packed_weight(rows, self.bias)
+        else:
+            out = weight_times_rows(self.weight, rows).contiguous()
+            if self.bias is not None:
+                out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
