@@ -146,6 +146,40 @@ def test_a_one_branch_tree_is_the_greedy_chain(tiny_target, layers):
     assert len(drafts[0].first_chain(0)) == 5
 
 
+class _Unpruned(HeadDrafter):
+    """The tree drafter expanding every frontier node its ``tree_top_k`` allows (no pruning)."""
+
+    def promising(self, nodes, index):
+        return True
+
+
+@pytest.mark.parametrize("tree_nodes, top_k", [(2, 2), (4, 3), (8, 4)])
+def test_pruned_tree_drafting_gives_the_unpruned_tree_with_fewer_head_runs(tiny_target, tree_nodes, top_k):
+    """Expanding only nodes that may still have a descendant among the kept ones leaves every tree as it
+    was (for 3 rows, several budgets) and runs the head over fewer pairs."""
+    from genspec.drafters.base import DraftRequest, RequestContext
+
+    vocab = list(range(3, 60))
+    sequences = [[5, 9, 11, 3, 7, 7, 2], [4, 4, 8, 1], [9, 8, 7, 6, 5, 4, 3, 2, 1]]
+    trees, pairs = [], []
+    for cls in (HeadDrafter, _Unpruned):
+        drafter = cls(tiny_target, _head(), vocab, tree_nodes=tree_nodes, tree_top_k=top_k)
+        ran = []  # rows through the head's first projection (committed pairs alike in both, then tree nodes)
+        drafter.head.layers[0].q.register_forward_hook(lambda module, args, out: ran.append(out.shape[:-1].numel()))
+        contexts = []
+        for request_id, sequence in enumerate(sequences):
+            tiny_target.reset(0)
+            [features] = tiny_target.add_rows([sequence[:-1]], return_hidden=True)
+            contexts.append(RequestContext(request_id, sequence, hidden=features))
+        tiny_target.reset(0)
+        drafter.start(contexts)
+        draft = drafter.propose([DraftRequest(i, s, 6) for i, s in enumerate(sequences)])
+        trees.append((draft.tokens.tolist(), draft.lengths.tolist()))
+        pairs.append(sum(ran))
+    assert trees[0] == trees[1]
+    assert pairs[0] < pairs[1]
+
+
 @pytest.mark.parametrize("batch, layers", [(1, 1), (3, 1), (3, 2)])
 def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch, layers):
     prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]][:batch]

@@ -193,6 +193,17 @@ class HeadDrafter(Drafter):
             drafted_v = [torch.cat([dv, v[:, r, :, :1]], dim=2) for r, dv in enumerate(drafted_v)]
             predicted = out[:, 0]
 
+    def promising(self, nodes: list[TreeNode], index: int) -> bool:
+        """Whether node ``index`` may still have a descendant among the ``tree_nodes`` kept: fewer than
+        that many nodes rank above it (:func:`best_paths` keeps the best-ranked nodes, by score, then
+        depth; a descendant ranks below its ancestors and nodes only get added). Expanding only such
+        nodes leaves the tree as it was and stops the depth loop early: with 4 nodes on the embedded
+        model the unpruned tree spent 7.8 ms drafting per target call against 52-55 ms for the verify
+        block (``genspec bench --methods head:tree_nodes=4 --skip-prompts 2 --num-prompts 1``)."""
+        node = nodes[index]
+        above = sum((other.score, -other.depth) > (node.score, -node.depth) for other in nodes)
+        return above < self.tree_nodes
+
     def _draft_tree(self, requests: list[DraftRequest]) -> list[list[list[int]]]:
         """Per row, the root-to-leaf paths of its dynamic draft tree, most likely first."""
         rows = [self._rows[r.request_id] for r in requests]
@@ -217,8 +228,8 @@ class HeadDrafter(Drafter):
         values, indices = best(root)
         frontier = [grow(r, -1, values[r], indices[r], 0.0, 1) if need[r] >= 1 else [] for r in range(len(rows))]
         for depth in range(2, max(need) + 1):
-            chosen = [sorted(f, key=lambda i, r=r: -nodes[r][i].score)[:top_k] if need[r] >= depth else []
-                      for r, f in enumerate(frontier)]
+            chosen = [[i for i in sorted(f, key=lambda i, r=r: -nodes[r][i].score)[:top_k] if self.promising(nodes[r], i)]
+                      if need[r] >= depth else [] for r, f in enumerate(frontier)]
             width = max(len(c) for c in chosen)
             if not width:
                 break
