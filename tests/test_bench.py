@@ -54,6 +54,9 @@ def test_bench_gives_each_learning_method_its_own_memory():
     assert drafter_options(parse_method("ngram-cache:namespace=mine"))["namespace"] == "mine"
     assert "namespace" not in drafter_options(parse_method("prompt-lookup"))
     assert drafter_options(parse_method("suffix"))["namespace"] == "genspec-bench:suffix"
+    hybrids = [parse_method(m) for m in ("hybrid", "hybrid:tree_nodes=4", "hybrid:lookup=suffix")]
+    assert len({drafter_options(m)["namespace"] for m in hybrids}) == 3  # a suffix lookup learns
+    assert "namespace" not in drafter_options(parse_method("hybrid:lookup=prompt-lookup"))
 
 
 @pytest.mark.parametrize("text, message", [

@@ -145,10 +145,15 @@ LEARNING_DRAFTERS = ("ngram-cache", "suffix")
 
 def drafter_options(spec: MethodSpec) -> dict:
     """The drafter options a benchmark builds ``spec``'s drafter with. A drafter that learns across
-    requests gets a memory of its own (namespace = the method's label), so in one run it learns only
-    from its own earlier requests, never from another method's output for the same prompt."""
+    requests, itself or as a hybrid's lookup, gets a memory of its own (namespace = the method's label),
+    so in one run it learns only from its own earlier requests, never from another method's output for
+    the same prompt (two suffix hybrids sharing the default memory: 8.30 against 4.06 tokens per call on
+    the same prompts, 2026-11-27)."""
+    from genspec.drafters.hybrid import DEFAULT_LOOKUP
+
     options = dict(spec.options)
-    if spec.base in LEARNING_DRAFTERS:
+    learner = options.get("lookup", DEFAULT_LOOKUP) if spec.base == "hybrid" else spec.base
+    if learner in LEARNING_DRAFTERS:
         options.setdefault("namespace", f"genspec-bench:{spec.name}")
     return options
 
