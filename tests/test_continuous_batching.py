@@ -102,7 +102,7 @@ DRAFTERS = {
     "early-exit": (lambda t, ref: genspec.build_drafter("early-exit", t, exit_layer=1), None),
     "layer-skip": (lambda t, ref: genspec.build_drafter("layer-skip", t, skip=[1]), None),
     "hierarchical": (lambda t, ref: genspec.build_drafter("hierarchical", t, levels="prompt-lookup,early-exit"), None),
-    "head": (lambda t, ref: HeadDrafter(t, _random(DraftHead(_HEAD)), list(range(3, 64))), None),
+    "head": (lambda t, ref: HeadDrafter(t, _random(DraftHead(_HEAD)), list(range(3, 64)), tree_nodes=0), None),
     "head-tree": (lambda t, ref: HeadDrafter(t, _random(DraftHead(_HEAD)), list(range(3, 64)), tree_nodes=6), None),
     "medusa": (lambda t, ref: MedusaDrafter(t, _random(MedusaHeads(MedusaConfig(64, 3))), list(range(3, 64))), None),
     "medusa-tree": (lambda t, ref: MedusaDrafter(t, _random(MedusaHeads(MedusaConfig(64, 3))), list(range(3, 64)),

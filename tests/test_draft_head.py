@@ -76,7 +76,7 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target, layers):
     same predicted features as the head's forward over the whole sequence, for a head of 1 or 2 layers
     (a cache per layer)."""
     head = _head(layers=layers)
-    drafter = HeadDrafter(tiny_target, head, list(range(64)))
+    drafter = HeadDrafter(tiny_target, head, list(range(64)), tree_nodes=0)
     # the drafter runs a copy on the target's fast kernels; the caller's head keeps its stock layers
     assert type(head.layers[0].q) is torch.nn.Linear and type(drafter.head.layers[0].q) is TransposedLinear
     sequence = [5, 9, 11, 3, 7, 7, 2, 40, 41, 13]
@@ -118,7 +118,7 @@ def test_greedy_head_drafting_equals_plain_decoding(tiny_target, batch, layers):
     plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())
     # a head that copies the target's features would agree everywhere; a random one mostly disagrees:
     # equality must hold either way
-    drafter = HeadDrafter(tiny_target, _head(layers=layers), choose_vocabulary([p.token_ids for p in plain], 40))
+    drafter = HeadDrafter(tiny_target, _head(layers=layers), choose_vocabulary([p.token_ids for p in plain], 40), tree_nodes=0)
     spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=24, num_draft_tokens=3,
                                                                 eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
@@ -132,7 +132,7 @@ def test_a_one_branch_tree_is_the_greedy_chain(tiny_target, layers):
     from genspec.drafters.base import DraftRequest, RequestContext
 
     vocab = list(range(3, 60))
-    chain = HeadDrafter(tiny_target, _head(layers=layers), vocab)
+    chain = HeadDrafter(tiny_target, _head(layers=layers), vocab, tree_nodes=0)
     tree = HeadDrafter(tiny_target, _head(layers=layers), vocab, tree_nodes=5, tree_top_k=1)
     sequence = [5, 9, 11, 3, 7, 7, 2]
     tiny_target.reset(0)
@@ -215,7 +215,7 @@ def test_hybrid_sampling_is_lossless():
     head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
     pvalue, acceptance = lossless_pvalue(
         lambda target: HybridDrafter(PromptLookupDrafter(max_ngram=2),
-                                     HeadDrafter(target, head.to(torch.float64), list(range(8))), min_match=1),
+                                     HeadDrafter(target, head.to(torch.float64), list(range(8)), tree_nodes=0), min_match=1),
         SamplingConfig(temperature=0.7, top_k=8, top_p=0.9), seed=23, layers=2)
     assert 0.02 < acceptance < 0.95
     assert pvalue > 1e-3
@@ -339,7 +339,7 @@ def test_hybrid_takes_lookup_after_a_strong_match_and_the_head_elsewhere(tiny_ta
     from genspec.drafters.hybrid import HybridDrafter
     from genspec.drafters.prompt_lookup import PromptLookupDrafter
 
-    hybrid = HybridDrafter(PromptLookupDrafter(), HeadDrafter(tiny_target, _head(), list(range(3, 64))), min_match=3)
+    hybrid = HybridDrafter(PromptLookupDrafter(), HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=0), min_match=3)
     repeated, fresh = [5, 6, 7, 8, 9, 5, 6, 7], [20, 21, 22, 23, 24, 25]  # "5 6 7" matched: lookup says 8 9 ...
     tiny_target.reset(0)
     hidden = tiny_target.add_rows([repeated[:-1], fresh[:-1]], return_hidden=True)
@@ -360,7 +360,7 @@ def test_the_engine_hands_the_rows_lookup_leaves_to_the_hybrids_head(tiny_target
 
     prompt = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 40, 41]
     plain = SpeculativeEngine(tiny_target).generate_ids([prompt], max_new_tokens=24, eos_token_ids=())
-    hybrid = HybridDrafter(PromptLookupDrafter(), HeadDrafter(tiny_target, _head(), list(range(3, 64))), min_match=2)
+    hybrid = HybridDrafter(PromptLookupDrafter(), HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=0), min_match=2)
     engine = SpeculativeEngine(tiny_target, hybrid)
     request = engine.add_request(prompt, max_new_tokens=24, eos_token_ids=(), draft_length="fixed", num_draft_tokens=3)
     grades, tokens = [], []

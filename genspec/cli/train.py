@@ -142,7 +142,9 @@ def run(args) -> int:
                          info={**data.info, "training_tokens": tokens, "sequences": len(train),
                                "held_out_sequences": len(held)})
         progress.add_task("held-out acceptance", total=None)
-        drafter = DRAFTERS[args.kind](target, path=str(out))
+        # the head as a chain: its first draft token's acceptance is the head's own quality (a tree's
+        # first level holds several guesses), the figure every earlier run recorded
+        drafter = DRAFTERS[args.kind](target, path=str(out), **({"tree_nodes": 0} if args.kind == "head" else {}))
         measured = held_out_acceptance(target, drafter, data.held_out_prompts()[:8],
                                        num_draft_tokens=min(5, getattr(args, "num_heads", 5)))
     _record(out, {"held_out_acceptance": measured})

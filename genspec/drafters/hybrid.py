@@ -16,7 +16,7 @@ free proposal), so its cache stays in step.
 from __future__ import annotations
 
 from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
-from genspec.drafters.head import HeadDrafter
+from genspec.drafters.head import DEFAULT_TREE_NODES, HeadDrafter
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.drafters.suffix import SuffixDrafter
 from genspec.errors import ConfigError
@@ -57,7 +57,7 @@ class HybridDrafter(Drafter):
 
     @classmethod
     def for_target(cls, target, path: str | None = None, lookup: str = DEFAULT_LOOKUP, min_match: int = 3,
-                   tree_nodes: int = 0, tree_top_k: int = 4, **lookup_options) -> "HybridDrafter":
+                   tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4, **lookup_options) -> "HybridDrafter":
         if lookup not in LOOKUPS:
             raise ConfigError(f"unknown lookup {lookup!r} for the hybrid; choose from {', '.join(LOOKUPS)}")
         return cls(LOOKUPS[lookup].for_target(target, **lookup_options),
