@@ -6,8 +6,8 @@ shipped head's 8,192-token vocabulary (and 4,096 / 16,384 rows), times one draft
 
 Columns: ``F.linear`` (what :meth:`genspec.models.hf.HFCausalLM.subset_head` ran until 2026-11-26), the
 :class:`genspec.models.head.LMHead` kernels (``bmm`` over 1,024-column chunks of the transposed rows,
-``W @ x.T`` with one row computed as two) and the one ``LMHead`` picks for that row count (what
-``subset_head`` runs now). All are exact fp32 products. Cells: median ms over the repeats, kernels
+``W @ x.T`` with one row computed as two, oneDNN's GEMM over a packed copy, ``packed``, since
+2026-11-27) and the one ``LMHead`` picks for that row count (what ``subset_head`` runs now). All are exact fp32 products. Cells: median ms over the repeats, kernels
 alternated within each repeat.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main() -> None:
     _, shipped = load_for_target(target, None, "head")
     extra = torch.randperm(weight.shape[0], generator=torch.Generator().manual_seed(0))
     lines = [f"# {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; median ms",
-             f"{'rows':>6} {'vocab':>6} {'F.linear':>9} {'bmm':>7} {'W @ x.T':>8} {'LMHead':>7} (picks)"]
+             f"{'rows':>6} {'vocab':>6} {'F.linear':>9} {'bmm':>7} {'W @ x.T':>8} {'packed':>7} {'LMHead':>7} (picks)"]
     for size in (4096, 8192, 16384):
         ids = torch.tensor(shipped) if size == len(shipped) else torch.unique(torch.cat([torch.tensor(shipped), extra]))[:size]
         rows_w = weight[ids].contiguous()
@@ -57,14 +57,15 @@ def main() -> None:
             x = torch.randn(rows, weight.shape[1])
             repeats = max(5, args.repeats // 10) if rows > 100 else args.repeats
             calls = {"F.linear": lambda: torch.nn.functional.linear(x, rows_w),
-                     "bmm": lambda: head.chunked(x), "W @ x.T": lambda: head.gemm(x), "LMHead": lambda: head(x)}
+                     "bmm": lambda: head.chunked(x), "W @ x.T": lambda: head.gemm(x), "packed": lambda: head.packed(x),
+                     "LMHead": lambda: head(x)}
             for fn in calls.values():  # warm up
                 fn()
             times = {name: [] for name in calls}
             for _ in range(repeats):
                 for name, fn in calls.items():
                     times[name].append(median_ms(fn, 1))
-            cells = " ".join(f"{statistics.median(times[n]):{w}.2f}" for n, w in zip(calls, (9, 7, 8, 7)))
+            cells = " ".join(f"{statistics.median(times[n]):{w}.2f}" for n, w in zip(calls, (9, 7, 8, 7, 7)))
             lines.append(f"{rows:>6} {size:>6} {cells} ({head.kernel(rows)})")
             print(lines[-1], flush=True)
     report = "\n".join(lines)

@@ -32,7 +32,7 @@ differences, as between any two batch sizes).
 
 oneDNN's GEMM over a copy of the weight packed once for it (:class:`PackedWeight`) beats all of these
 from 3 rows on, by far for wide blocks: on the EPYC VM 18-24 ms for 3-8 rows and 27-33 ms for 12-16,
-against 26-49 ms and 88-109 ms as ``W @ x.T`` (``python benchmarks/verify_width_cost.py --widths
+against 26-49 ms and 94-109 ms as ``W @ x.T`` (medians; ``python benchmarks/verify_width_cost.py --widths
 1,2,3,4,5,6,8,12,16 --repeats 9``, benchmarks/results/verify_width_cost_packed.txt; 2026-11-26, quiet). So
 where the weight can take it (a float32 CPU tensor) the packed GEMM replaces the ``bmm`` as a head's
 second kernel, and its copy replaces the chunked one (no more memory than before).
@@ -68,9 +68,6 @@ SMALL_GEMM_ROWS = range(3, 13)
 #: 2,048 rows x 8,192 x 640 take 154 ms as ``W @ x.T``, 175 ms as the ``bmm``, 158 ms as ``F.linear``;
 #: ``python benchmarks/subset_head_cost.py``, benchmarks/results/subset_head_cost.txt)
 LARGE_GEMM_ROWS = 64
-#: the kernels a head may time: ``W @ x.T`` and, on a CPU with oneDNN and a float32 weight, its prepacked
-#: GEMM, else the chunked ``bmm`` (see :class:`LMHead`)
-KERNELS = ("gemm", "packed", "chunked")
 #: the number of rows oneDNN lays a packed weight out for; it serves every row count (``PackedWeight``)
 PACK_ROWS_HINT = 8
 #: heads with at least this many weights (vocabulary x hidden) time their kernels (the embedded model's:
@@ -101,10 +98,11 @@ def packable(weight: torch.Tensor) -> bool:
 class PackedWeight:
     """A weight ``[out, in]`` laid out once for oneDNN's GEMM, which computes ``rows @ weight.T`` for the
     3-16 rows of a verify block far faster than MKL does from the plain weight on this CPU: the embedded
-    model's 126 decoder linears take 19-21 ms for 3-8 rows packed against 21-41 ms as ``W @ x.T``, its
-    262k-row LM head 19-25 ms against 24-54 ms, 12 rows 28 against 109 ms; one or two rows stay faster
-    unpacked (decoder 15 against 19 ms, head 17-20 against 26-31 ms). Median ms, 2-core AMD EPYC, torch
-    2.13, MKL 2024.2, oneDNN 3.12 (``python benchmarks/verify_width_cost.py``). The same fp32 products;
+    model's 126 decoder linears take 16-20 ms for 3-8 rows packed against 21-39 ms as ``W @ x.T``, its
+    262k-row LM head 18-24 ms against 26-49 ms, 12 rows 27 against 109 ms; for one or two rows the plain
+    weight is as fast or faster (decoder 20 / 18 against 19 / 22 ms, head 18 / 19 against 22 / 26 ms). Median ms,
+    2-core AMD EPYC, torch 2.13, MKL 2024.2, oneDNN 3.12 (``python benchmarks/verify_width_cost.py --widths
+    1,2,3,4,5,6,8,12,16 --repeats 9``, benchmarks/results/verify_width_cost_packed.txt). The same fp32 products;
     only the summation order differs (last-bit differences, as between any two kernels or batch sizes).
 
     The packed copy (as large as the weight) is made on first use and again if the weight changed in
@@ -182,10 +180,11 @@ class LMHead:
 
     def default_kernel(self, rows: int) -> str:
         """The fixed choice for ``rows`` rows (an untuned head's, a tuned one's first): the packed GEMM
-        where there is one (a draft head's 8,192-row output layer: 0.26 / 0.29 / 0.24 / 0.44 ms for 1 / 2
-        / 4 / 8 rows against 0.54 / 0.52 / 0.64 / 1.35 as ``W @ x.T`` and 0.38 / 0.67 / 1.26 / 1.16 as the
-        ``bmm``, 2-core AMD EPYC, medians of 31, timed inline 2026-11-26); else ``"gemm"`` (``W @ x.T``) or
-        ``"chunked"`` (the ``bmm``) by the row count (module docstring)."""
+        where there is one (a draft head's 8,192-row output layer, 3 / 5 / 16 rows: 0.70 / 0.60 / 1.23 ms
+        through this class against 0.92 / 1.11 / 2.62 ms as ``W @ x.T``; one or two rows within noise, the
+        packed GEMM 0.81-1.27 ms against 0.81-0.89; 2-core AMD EPYC, medians of 200, ``python
+        benchmarks/subset_head_cost.py --out benchmarks/results/subset_head_cost_packed.txt``); else
+        ``"gemm"`` (``W @ x.T``) or ``"chunked"`` (the ``bmm``) by the row count (module docstring)."""
         if "packed" in self.kernels:
             return "packed"
         return "gemm" if rows in SMALL_GEMM_ROWS or rows >= LARGE_GEMM_ROWS else "chunked"

@@ -472,8 +472,8 @@ class TransposedLinear(torch.nn.Module):
     embedded model's decoder, before / now, 1, 2, 3, 4 and 8 tokens after 200: 41 / 35, 44 / 34, 56 / 37,
     49 / 35, 76 / 58 ms (medians of 11, kernels alternated in one process; 2-core AMD EPYC, torch 2.13, MKL;
     ``python benchmarks/linear_kernel_ab.py``, benchmarks/results/linear_kernel_ab.txt). The packed GEMM
-    then took its 126 linears from 21-41 ms to 19-21 ms for 3-8 rows (15 against 19 ms for one or two
-    rows, where it loses; :class:`~genspec.models.head.PackedWeight`). Shares the original weight; the
+    then took its 126 linears from 21-39 ms to 16-20 ms for 3-8 rows; at two rows it loses (22 against
+    16-18 ms), at one it is about even (:class:`~genspec.models.head.PackedWeight`). Shares the original weight; the
     packed copy (as large again: 400 MB for the embedded model) is made the first time a block of
     ``PACKED_MIN_ROWS`` or more rows comes. ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
 
