@@ -7,8 +7,8 @@ shipped head's 8,192-token vocabulary (and 4,096 / 16,384 rows), times one draft
 Columns: ``F.linear`` (what :meth:`genspec.models.hf.HFCausalLM.subset_head` ran until 2026-11-26), the
 :class:`genspec.models.head.LMHead` kernels (``bmm`` over 1,024-column chunks of the transposed rows,
 ``W @ x.T`` with one row computed as two, oneDNN's GEMM over a packed copy, ``packed``, since
-2026-11-27) and the one ``LMHead`` picks for that row count (what ``subset_head`` runs now). All are exact fp32 products. Cells: median ms over the repeats, kernels
-alternated within each repeat.
+2026-11-27) and the one ``LMHead`` picks for that row count (what ``subset_head`` runs now). All are
+exact fp32 products. Cells: median ms over the repeats, kernels alternated within each repeat.
 """
 from __future__ import annotations
 

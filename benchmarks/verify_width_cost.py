@@ -102,10 +102,9 @@ def main() -> None:
     head = target.lm_head
     block = block_runner(target, max(widths))
 
-    chunks = head.chunked_t.shape[0]
     kernels = {
         "LMHead": head,
-        "bmm chunks": lambda x: torch.bmm(x.unsqueeze(0).expand(chunks, -1, -1), head.chunked_t),
+        "bmm chunks": head.chunked,
         "W @ x.T": lambda x: (head.weight @ x.T).T,
         "packed": head.packed,
     }
