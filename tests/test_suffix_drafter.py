@@ -194,7 +194,7 @@ def test_the_drafter_declares_its_depth_and_a_request_may_set_another(tiny_targe
     so every draft is as long as the depth (and the node budget) allows."""
     prompt = [[13, 17, 19, 23]]
     first = SpeculativeEngine(tiny_target).generate_ids(prompt, max_new_tokens=60, eos_token_ids=())[0]
-    drafter = SuffixDrafter(namespace="depth-test", factor=8.0, max_nodes=30)  # (12 nodes by default)
+    drafter = SuffixDrafter(namespace="depth-test", factor=8.0, max_nodes=30)  # (24 nodes by default)
     drafter.cache.add_document(prompt[0] + first.token_ids)
 
     def deepest(engine, **k):
