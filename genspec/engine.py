@@ -314,7 +314,7 @@ class _Group:
     requests: list[_Request]
     draft: Draft
     evidence: list
-    shadows: list[list[int]]
+    shadows: list[list[int]]  # per row a free proposal's first chain, before the plan clipped it (scored unverified)
     block: DraftBlock | None = None
     verdict: Verdict | None = None
     fallback_rows: list[int] = field(default_factory=list)  # rows a free drafter left to its fallback
@@ -585,8 +585,7 @@ class SpeculativeEngine:
                 continue
             if drafter.free:
                 proposed = group.draft.proposed()
-                group.shadows = [group.draft.first_chain(i) if proposed[i] and not wanted[i] else []
-                                 for i in range(len(requests))]
+                group.shadows = [group.draft.first_chain(i) if proposed[i] else [] for i in range(len(requests))]
                 group.draft = group.draft.clipped(wanted)
                 if group.fallback_rows:
                     self._draft_fallback(group, wanted, record)
@@ -788,7 +787,7 @@ class SpeculativeEngine:
                     # the policy learns per draft position: a tree's depth, not its node count (a tree of 8 nodes
                     # 4 deep whose path was kept whole had no rejection at positions 5..8)
                     request.policy.update(depths[i], accepted, group.evidence[i])
-                    request.policy.shadow(group.shadows[i], tokens, group.evidence[i])
+                    request.policy.shadow(group.shadows[i], tokens, group.evidence[i], drafted=depths[i])
                 request.stats.record(drafted[i], accepted, depths[i])
                 request.stats.draft_time_s += record.draft_time_s
                 request.stats.verify_time_s += record.verify_time_s

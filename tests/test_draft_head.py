@@ -221,6 +221,44 @@ def test_hybrid_sampling_is_lossless():
     assert pvalue > 1e-3
 
 
+def test_hybrid_merging_weak_lookups_into_the_heads_tree_is_lossless():
+    """The same chi-square (N = 20,000, fail if p < 1e-3) for the hybrid whose head drafts a tree and
+    takes, where lookup matched fewer than ``min_match`` (4) tokens, the lookup's chain as one more
+    candidate of that tree (``merge_weak``)."""
+    from genspec.drafters.hybrid import HybridDrafter
+    from genspec.drafters.prompt_lookup import PromptLookupDrafter
+
+    head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
+    pvalue, acceptance = lossless_pvalue(
+        lambda target: HybridDrafter(PromptLookupDrafter(max_ngram=2),
+                                     HeadDrafter(target, head.to(torch.float64), list(range(8)), tree_nodes=3, tree_top_k=2),
+                                     min_match=4, merge_weak=True),
+        SamplingConfig(temperature=0.7, top_k=8, top_p=0.9), seed=23, layers=2)
+    assert 0.02 < acceptance < 0.95
+    assert pvalue > 1e-3
+
+
+def test_the_weak_lookup_joins_the_heads_tree_as_one_more_candidate(tiny_target):
+    from genspec.drafters.base import DraftRequest, RequestContext
+    from genspec.drafters.hybrid import HeadAndWeakLookup, HybridDrafter
+    from genspec.drafters.prompt_lookup import PromptLookupDrafter
+
+    head = HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=3, tree_top_k=2)
+    hybrid = HybridDrafter(PromptLookupDrafter(), head, min_match=3, merge_weak=True)
+    weak, fresh = [5, 6, 7, 8, 9, 30, 6, 7], [20, 21, 22, 23, 24, 25]  # "6 7" matched: lookup says 8 9 30
+    tiny_target.reset(0)
+    hidden = tiny_target.add_rows([weak[:-1], fresh[:-1]], return_hidden=True)
+    tiny_target.reset(0)
+    hybrid.start([RequestContext(0, weak, hidden=hidden[0]), RequestContext(1, fresh, hidden=hidden[1])])
+    draft = hybrid.propose([DraftRequest(0, weak, 3), DraftRequest(1, fresh, 3)])
+    assert draft.chains(0) == [] and draft.evidence_of(0) == "head"  # a 2-token match is weak: the fallback's
+    assert isinstance(hybrid.fallback, HeadAndWeakLookup) and hybrid.max_candidates == 4
+    merged = hybrid.fallback.propose([DraftRequest(0, weak, 2), DraftRequest(1, fresh, 2)])
+    alone = head.propose([DraftRequest(0, weak, 2), DraftRequest(1, fresh, 2)])
+    assert merged.chains(0)[-1] == [8, 9] and merged.chains(0)[:-1] == alone.chains(0)
+    assert merged.chains(1) == alone.chains(1)  # no match at all: the head's tree alone
+
+
 def _training_data(target, count: int, length: int, seed: int):
     """The target's own sampled continuations of random prompts (as ``genspec train`` uses its outputs)."""
     generator = torch.Generator().manual_seed(seed)
@@ -339,7 +377,8 @@ def test_hybrid_takes_lookup_after_a_strong_match_and_the_head_elsewhere(tiny_ta
     from genspec.drafters.hybrid import HybridDrafter
     from genspec.drafters.prompt_lookup import PromptLookupDrafter
 
-    hybrid = HybridDrafter(PromptLookupDrafter(), HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=0), min_match=3)
+    hybrid = HybridDrafter(PromptLookupDrafter(), HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=0),
+                           min_match=3, merge_weak=False)
     repeated, fresh = [5, 6, 7, 8, 9, 5, 6, 7], [20, 21, 22, 23, 24, 25]  # "5 6 7" matched: lookup says 8 9 ...
     tiny_target.reset(0)
     hidden = tiny_target.add_rows([repeated[:-1], fresh[:-1]], return_hidden=True)
@@ -373,16 +412,17 @@ def test_the_engine_hands_the_rows_lookup_leaves_to_the_hybrids_head(tiny_target
     assert all(drafted == 0 or grade == "head" or grade >= 2 for grade, drafted in grades)
 
 
-@pytest.mark.parametrize("tree_nodes", [0, 6])
-def test_greedy_hybrid_equals_plain_decoding(tiny_target, tree_nodes):
+@pytest.mark.parametrize("tree_nodes,merge_weak", [(0, False), (6, False), (0, True), (6, True)])
+def test_greedy_hybrid_equals_plain_decoding(tiny_target, tree_nodes, merge_weak):
     from genspec.drafters.hybrid import HybridDrafter
     from genspec.drafters.prompt_lookup import PromptLookupDrafter
 
     prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]]
     plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())
     head = HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=tree_nodes, tree_top_k=3)
-    spec = SpeculativeEngine(tiny_target, HybridDrafter(PromptLookupDrafter(), head, min_match=2)).generate_ids(
-        prompts, max_new_tokens=24, num_draft_tokens=3, eos_token_ids=())
+    hybrid = HybridDrafter(PromptLookupDrafter(), head, min_match=2 + merge_weak, merge_weak=merge_weak)
+    spec = SpeculativeEngine(tiny_target, hybrid).generate_ids(prompts, max_new_tokens=24, num_draft_tokens=3,
+                                                               eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
     assert sum(s.stats.drafted_tokens for s in spec) > 0
 

@@ -212,6 +212,35 @@ def test_free_proposals_are_scored_when_not_verified():
     assert policy.estimate(3).rate_first < before
 
 
+def test_a_draft_kept_whole_scores_the_proposals_next_token_so_one_token_drafts_are_not_a_trap():
+    """Drafts of one token never test a later position: a policy that has come to distrust later tokens
+    drafts one at a time for good, however often they are kept. The free proposal's next token, scored
+    against the target's own next token, is the later outcome that frees it."""
+    costs = CostModel()
+    for width in range(1, 10):
+        costs.observe_verify(width, 1 + 0.1 * (width - 1))
+
+    def distrustful():
+        policy = DraftLength("cost", k_max=8, cost_model=costs)
+        for _ in range(6):
+            policy.update(drafted=3, accepted=1, evidence=4)  # later tokens failed
+        assert policy.best_k(evidence=4) == 1
+        return policy
+
+    stuck, freed = distrustful(), distrustful()
+    for _ in range(20):  # a repeating answer: each one-token draft kept, and the proposal right beyond it
+        for policy in (stuck, freed):
+            policy.update(drafted=1, accepted=1, evidence=4)
+        freed.shadow([7, 8, 9], [7, 8], evidence=4, drafted=1)
+    assert stuck.best_k(evidence=4) == 1
+    assert freed.best_k(evidence=4) > 2
+    # nothing is scored where the draft was not kept whole or the kept path was another chain
+    before = freed.estimate(4).later[:]
+    freed.shadow([7, 8, 9], [5, 8], evidence=4, drafted=1)
+    freed.shadow([7, 8, 9], [7, 8, 9], evidence=4, drafted=3)
+    assert freed.estimate(4).later == before
+
+
 def _plain_run(tokens: int) -> tuple[HFCausalLM, list[list[int]], list[int]]:
     """A tiny target, a one-prompt batch and its plain greedy continuation (what oracle drafters copy)."""
     target = HFCausalLM(tiny_llama(0))

@@ -146,6 +146,10 @@ class Draft:
     def first_chain(self, row: int) -> list[int]:
         return self.tokens[row, 0, :int(self.lengths[row, 0])].tolist()
 
+    def chains(self, row: int) -> list[list[int]]:
+        """Row ``row``'s candidate chains that hold any token (a tree's root-to-leaf paths), in order."""
+        return [self.tokens[row, m, :n].tolist() for m, n in enumerate(self.lengths[row].tolist()) if n]
+
     def clipped(self, limits: list[int]) -> "Draft":
         """The draft cut to ``limits[b]`` tokens per chain of row b (and to the longest chain left)."""
         lengths = torch.minimum(self.lengths, torch.tensor(limits, dtype=torch.long).unsqueeze(1))

@@ -12,6 +12,11 @@ would be, up to the lookup's own depth: 24 for ``suffix``), plans the other rows
 the evidence grade ``"head"`` (the policy learns the head's acceptance apart from lookup's), and asks the
 head only for those rows. The head reads every step's target hidden states either way (they come with the
 free proposal), so its cache stays in step.
+
+A weak match is not worthless, only worse than the head on average: where lookup matched fewer than
+``min_match`` tokens (but some), its best chain joins the head's tree as one more candidate
+(``merge_weak``, :class:`HeadAndWeakLookup`), a few more tokens in the same verify pass, and the target
+keeps whichever path it agrees with (several drafts verified together).
 """
 from __future__ import annotations
 
@@ -32,36 +37,82 @@ LOOKUPS = {"prompt-lookup": PromptLookupDrafter, "suffix": SuffixDrafter}
 #: --skip-prompts 2 --num-prompts 2 --max-new-tokens 128 --repeats 2``, run while prompt lookup was the
 #: default; benchmarks/results/hybrid_lookup_unmeasured)
 DEFAULT_LOOKUP = "suffix"
+#: weak lookups join the head's tree by default (:class:`HeadAndWeakLookup`), chosen on the prompts no run
+#: measures (each category's 3rd and 4th, 128 tokens, 1 repeat, 2-core AMD EPYC, 2026-11-27): 3.66x plain
+#: greedy against 3.35x without, ahead in 11 of 13 categories, where lowering ``min_match`` to 2 or 1 instead
+#: gave 3.51x and 3.39x (``genspec bench --methods "hybrid,hybrid:merge_weak=true,hybrid:min_match=2,
+#: hybrid:min_match=2:merge_weak=true,hybrid:min_match=1" --skip-prompts 2 --num-prompts 2 --repeats 1``), and
+#: 2.13x against 1.52x at temperature 0.7, top-p 0.9 (where the run without it had drafted one token a step
+#: through repeating answers: a trap of the cost policy). Once the policy scored later positions unverified
+#: (:meth:`~genspec.draft_length.DraftLength.shadow`) the gap narrowed, greedy: 3.98x against 3.87x, ahead in
+#: 8 of 13 (``--methods "hybrid:merge_weak=false,hybrid"``).
+#: Runs in benchmarks/results/hybrid_merge_weak_unmeasured.
+MERGE_WEAK = True
+
+
+class HeadAndWeakLookup(Drafter):
+    """The hybrid's fallback with ``merge_weak``: the head's draft of a row, plus, where the lookup matched
+    at least one token but fewer than ``min_match``, the lookup's best chain (cut to the planned length)
+    as one more candidate: both verified as one tree, so the target keeps whichever is right. Only for
+    deterministic head drafts (its trees, or greedy chains): a draft that carries laws (the head's sampled
+    chains) has no room for a point-mass candidate and is left as the head made it."""
+
+    name = "head+weak-lookup"
+    free = False
+
+    def __init__(self, head: HeadDrafter):
+        self.head = head
+        self.max_candidates = head.max_candidates + 1
+        self.samples_drafts = head.samples_drafts
+        self.draft_cost_prior = head.draft_cost_prior
+        self.weak: dict[int, list[int]] = {}  # request id -> this step's weak lookup chain (set by the hybrid)
+
+    def propose(self, requests: list[DraftRequest]) -> Draft:
+        draft = self.head.propose(requests)
+        if draft.probs is not None:
+            return draft
+        rows = []
+        for i, request in enumerate(requests):
+            paths = draft.chains(i)
+            extra = self.weak.get(request.request_id, [])[:request.max_tokens]
+            if extra and not any(path[:len(extra)] == extra for path in paths):
+                paths.append(extra)
+            rows.append(paths)
+        return Draft.from_chains(rows, self.max_candidates, list(draft.evidence) if draft.evidence else None)
 
 
 class HybridDrafter(Drafter):
     """Options: ``path`` (the head), ``lookup`` (``suffix``, the default, or ``prompt-lookup``),
-    ``min_match`` (the lookup match length that wins, default 3), ``tree_nodes`` / ``tree_top_k`` (the
-    head's tree); other options go to the lookup (``max_ngram`` for prompt lookup, ``factor``,
-    ``num_candidates``, ... for suffix)."""
+    ``min_match`` (the lookup match length that wins, default 3), ``merge_weak`` (a shorter match's chain
+    joins the head's tree, default true), ``tree_nodes`` / ``tree_top_k`` (the head's tree); other options
+    go to the lookup (``max_ngram`` for prompt lookup, ``factor``, ``num_candidates``, ... for suffix)."""
 
     name = "hybrid"
     free = True
     reads_target_hidden = True
 
-    def __init__(self, lookup: Drafter, head: HeadDrafter, min_match: int = 3):
+    def __init__(self, lookup: Drafter, head: HeadDrafter, min_match: int = 3, merge_weak: bool = MERGE_WEAK):
         if int(min_match) != min_match or min_match < 1:
             raise ConfigError(f"min_match must be an integer >= 1, got {min_match}")
         if not lookup.free:
             raise ConfigError(f"the hybrid's lookup must be a free drafter; {lookup.name!r} is not")
+        if not isinstance(merge_weak, bool):
+            raise ConfigError(f"merge_weak must be true or false, got {merge_weak!r}")
         self.lookup, self.head, self.min_match = lookup, head, int(min_match)
-        self.fallback = head
-        self.max_candidates = max(lookup.max_candidates, head.max_candidates)
+        self.merger = HeadAndWeakLookup(head) if merge_weak else None
+        self.fallback = self.merger or head
+        self.max_candidates = max(lookup.max_candidates, self.fallback.max_candidates)
         self.samples_drafts = head.samples_drafts
         self.default_draft_tokens = lookup.default_draft_tokens
 
     @classmethod
     def for_target(cls, target, path: str | None = None, lookup: str = DEFAULT_LOOKUP, min_match: int = 3,
-                   tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4, **lookup_options) -> "HybridDrafter":
+                   tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4, merge_weak: bool = MERGE_WEAK,
+                   **lookup_options) -> "HybridDrafter":
         if lookup not in LOOKUPS:
             raise ConfigError(f"unknown lookup {lookup!r} for the hybrid; choose from {', '.join(LOOKUPS)}")
         return cls(LOOKUPS[lookup].for_target(target, **lookup_options),
-                   HeadDrafter.for_target(target, path=path, tree_nodes=tree_nodes, tree_top_k=tree_top_k), min_match)
+                   HeadDrafter.for_target(target, path=path, tree_nodes=tree_nodes, tree_top_k=tree_top_k), min_match, merge_weak)
 
     def start(self, contexts: list[RequestContext]) -> None:
         self.lookup.start(contexts)
@@ -73,10 +124,13 @@ class HybridDrafter(Drafter):
 
     def propose(self, requests: list[DraftRequest]) -> Draft:
         """Lookup's proposal where it matched ``min_match`` tokens or more, an empty row (evidence
-        ``"head"``) for the engine to hand to the head elsewhere. The head reads the new hidden states now."""
+        ``"head"``) for the engine to hand to the fallback elsewhere (with ``merge_weak`` the fallback
+        learns this step's weaker lookup chains here). The head reads the new hidden states now."""
         self.head.propose([DraftRequest(r.request_id, r.sequence, 0, r.hidden) for r in requests])
         looked = self.lookup.propose([DraftRequest(r.request_id, r.sequence, r.max_tokens) for r in requests])
         strong = [(looked.evidence_of(i) or 0) >= self.min_match for i in range(len(requests))]
+        if self.merger is not None:
+            self.merger.weak = {r.request_id: looked.first_chain(i) for i, r in enumerate(requests) if not strong[i]}
         rows = [looked.rows([i]) if s else Draft.empty(1) for i, s in enumerate(strong)]
         draft = Draft.stack(rows)
         evidence = tuple(looked.evidence_of(i) if s else HEAD_EVIDENCE for i, s in enumerate(strong))
