@@ -323,15 +323,16 @@ class AcceptanceMemory:
         self.decay = decay
         self.levels: dict[object, Acceptance] = {}
 
-    def record(self, evidence, drafted: int, accepted: int) -> None:
+    def _level(self, evidence) -> Acceptance:
         if evidence not in self.levels:
             self.levels[evidence] = Acceptance(0.0, 0.0, 0.0, self.decay)
-        self.levels[evidence].record(drafted, accepted)
+        return self.levels[evidence]
+
+    def record(self, evidence, drafted: int, accepted: int) -> None:
+        self._level(evidence).record(drafted, accepted)
 
     def record_later(self, evidence, kept: bool) -> None:
-        if evidence not in self.levels:
-            self.levels[evidence] = Acceptance(0.0, 0.0, 0.0, self.decay)
-        self.levels[evidence].record_later(kept)
+        self._level(evidence).record_later(kept)
 
     def rates(self, evidence) -> tuple[float | None, float | None]:
         """(first, later) acceptance seen for ``evidence`` across requests (None where nothing was seen)."""
