@@ -48,6 +48,25 @@ class _Failing(Drafter):
         return Draft.from_chains([[] for _ in requests])
 
 
+class _Gate(Drafter):
+    """Drafts nothing; its first call blocks (the engine's thread with it) until ``release`` is set, after
+    setting ``entered``: a test can hold the running batch still while it fills the queue."""
+
+    name = "gate"
+    free = True
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def propose(self, requests):
+        from genspec.drafters.base import Draft
+
+        self.entered.set()
+        self.release.wait(timeout=60)
+        return Draft.from_chains([[] for _ in requests])
+
+
 class Served:
     """A server in a thread; ``url``, ``client`` (openai), ``app``."""
 
@@ -56,9 +75,10 @@ class Served:
         if chat_template is not None:
             target.tokenizer.chat_template = chat_template
         bad = target.tokenizer("Z", add_special_tokens=False)["input_ids"][0]
+        self.gate = _Gate()
         engine = SpeculativeEngine(target, PromptLookupDrafter(), max_batch_size=max_batch_size, drafters={
             "ngram-cache": genspec.build_drafter("ngram-cache", target, namespace="serve-test"),
-            "failing": _Failing(bad)})
+            "failing": _Failing(bad), "gate": self.gate})
         self.engine = engine
         self.app = create_app(engine, "tiny", max_queue=max_queue, grace_s=5)
         self.port = _free_port()
@@ -309,19 +329,29 @@ def test_a_client_that_disconnects_frees_its_slot(served):
 
 
 def test_a_full_queue_answers_429(tiny_model_dir):
+    """One row runs (held still by the gate drafter) and one request may wait: of five more, the first is
+    queued and the other four are refused with 429 at once. Holding the running row makes the count exact:
+    with timing alone a fast first request could finish during the burst and free its slot."""
     server = Served(tiny_model_dir, max_batch_size=1, max_queue=1)
+    body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}
     try:
-        with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            calls = [pool.submit(httpx.post, server.url + "/v1/completions", timeout=120,
-                                 json={"prompt": PROMPT, "max_tokens": 60, "temperature": 0}) for _ in range(6)]
-            statuses = [c.result().status_code for c in calls]
-        # one row runs and one request waits: at most 2 accepted, at least 1 (when all 6 arrive before the
-        # worker moves the first out of the queue, only it gets in: a CI run saw 1 x 200 and 5 x 429)
-        assert 1 <= statuses.count(200) <= 2 and statuses.count(429) == 6 - statuses.count(200)
-        rejected = next(c.result() for c in calls if c.result().status_code == 429)
-        assert rejected.json()["error"]["code"] == "queue_full"
-        assert server.metric("genspec:request_failure_total", reason="queue_full") >= 1
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            running = pool.submit(httpx.post, server.url + "/v1/completions", timeout=120,
+                                  json={**body, "speculative": {"drafter": "gate"}})
+            assert server.gate.entered.wait(timeout=60), "the first request never reached the drafter"
+            waiting = pool.submit(httpx.post, server.url + "/v1/completions", timeout=120, json=body)
+            deadline = time.time() + 30
+            while server.app.state.server.worker.num_waiting < 1:
+                assert time.time() < deadline and not waiting.done(), "the second request was not queued"
+                time.sleep(0.01)
+            refused = [httpx.post(server.url + "/v1/completions", timeout=30, json=body) for _ in range(4)]
+            server.gate.release.set()
+            assert [r.status_code for r in refused] == [429] * 4
+            assert running.result().status_code == 200 and waiting.result().status_code == 200
+        assert all(r.json()["error"]["code"] == "queue_full" for r in refused)
+        assert server.metric("genspec:request_failure_total", reason="queue_full") == 4
     finally:
+        server.gate.release.set()
         server.stop()
 
 

@@ -56,7 +56,6 @@ class EngineWorker:
         self._inbox: list[_Submission] = []
         self._cancels: list[int] = []
         self._listeners: dict[int, Listener] = {}
-        self._waiting: set[int] = set()  # admitted to the engine's queue, not yet running
         self._queued = 0  # submitted, not yet added to the engine
         self._accepting = True
         self._deadline: float | None = None  # set by a drain: when requests still in flight are cancelled
@@ -69,7 +68,10 @@ class EngineWorker:
 
     @property
     def num_waiting(self) -> int:
-        return self._queued + len(self._waiting)
+        # the engine's own queue: a request leaves it when it joins the running batch, at the start of a
+        # step (a set kept here and updated after the step counted a request as running and waiting at
+        # once during its first step, refusing one request too many)
+        return self._queued + self.engine.num_waiting
 
     @property
     def num_running(self) -> int:
@@ -154,7 +156,6 @@ class EngineWorker:
         with self._lock:
             inbox, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, []
-            self._queued -= sum(len(s.prompts) for s in inbox)
         for submission in inbox:
             ids = []
             try:
@@ -165,22 +166,22 @@ class EngineWorker:
                     self.engine.cancel(request_id)
                 submission.future.set_exception(exc)
                 continue
+            finally:  # counted as queued until the engine holds them, so num_waiting never dips
+                with self._lock:
+                    self._queued -= len(submission.prompts)
             for request_id in ids:
                 self._listeners[request_id] = submission.listener
-                self._waiting.add(request_id)
             submission.future.set_result(ids)
         for request_id in cancels:
             self.engine.cancel(request_id)
 
     def _dispatch(self, record: StepRecord) -> None:
-        self._waiting.difference_update(record.joined)
         if self.on_record is not None:
             self.on_record(record, self)
         for request_id, step in record.requests.items():
             listener = self._listeners.get(request_id)
             if step.finish_reason is not None:
                 self._listeners.pop(request_id, None)
-                self._waiting.discard(request_id)
             if listener is not None:
                 listener(request_id, step)
 
@@ -194,4 +195,3 @@ class EngineWorker:
         for request_id, listener in list(self._listeners.items()):
             listener(request_id, RequestStep([], 0, 0, [], "error", RequestStats(), error=message))
         self._listeners.clear()
-        self._waiting.clear()
