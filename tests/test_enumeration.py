@@ -110,3 +110,10 @@ def test_the_option_and_its_errors(tokenizer, tiny_target):
     target = CopyModel([[0]], len(tokenizer), tokenizer)
     assert genspec.build_drafter("suffix", target).enumeration is not None
     assert genspec.build_drafter("suffix", target, renumber=False).enumeration is None
+
+
+def test_the_edit_drafter_keeps_its_sources_numbers_unless_asked(tokenizer):
+    target = CopyModel([[0]], len(tokenizer), tokenizer)
+    assert genspec.build_drafter("edit", target).enumeration is None
+    assert genspec.build_drafter("edit", target, renumber=True).enumeration is not None
+    assert genspec.build_drafter("lookahead", target).enumeration is not None

@@ -93,6 +93,8 @@ class EditDrafter(CandidateDrafter):
             if edit_source is not None:
                 raise ConfigError("give the edit source as text or as a file, not both")
             edit_source = read_source_file(edit_source_file)
+        # the source is the text being rewritten, its numbers included: not renumbered unless asked
+        options.setdefault("renumber", False)
         return super().for_target(target, source=edit_source, tokenizer=target.tokenizer, **options)
 
     def new_row(self, context: RequestContext) -> _Row:
