@@ -21,7 +21,8 @@ from genspec.errors import ConfigError
 #: categories; the two list answers took 31 / 26 target calls instead of 48 / 33 (writing 83: 2.04x -> 3.01x,
 #: coding 123: 2.57x -> 3.45x); elsewhere call counts moved by 0-3 either way (``genspec bench --methods
 #: "hybrid:renumber=false,hybrid" --skip-prompts 2 --num-prompts 2 --repeats 1``,
-#: benchmarks/results/renumber_unmeasured/greedy)
+#: benchmarks/results/renumber_unmeasured/greedy); at T 0.7, top-p 0.9, 2.12x against 2.07x (one repeat, within
+#: noise; benchmarks/results/renumber_unmeasured/t07)
 RENUMBER = True
 
 
