@@ -47,7 +47,7 @@ def _ids(tokenizer, text: str) -> list[int]:
     ("\n1. a\n2. b\n5", ". c", ". c"),
 ])
 def test_renumber(tokenizer, enumeration, sequence, chain, expected):
-    got = enumeration.renumber(_ids(tokenizer, sequence), _ids(tokenizer, chain))
+    got, = enumeration.renumber(_ids(tokenizer, sequence), [_ids(tokenizer, chain)])
     assert tokenizer.decode(got) == expected
 
 

@@ -98,8 +98,8 @@ class CandidateDrafter(Drafter):
 
     def _renumbered(self, sequence: list[int], chains: list[list[int]], limit: int) -> list[list[int]]:
         out: list[list[int]] = []
-        for chain in chains:
-            chain = self.enumeration.renumber(sequence, chain)[:limit]
+        for chain in self.enumeration.renumber(sequence, chains):
+            chain = chain[:limit]
             if chain not in out:
                 out.append(chain)
         return out

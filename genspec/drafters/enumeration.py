@@ -87,22 +87,25 @@ class Enumeration:
             i -= 1
         return None
 
-    def renumber(self, sequence: list[int], chain: list[int]) -> list[int]:
-        """``chain`` (a draft continuing ``sequence``) with each item number starting a line replaced by the
-        number after the previous item's; unchanged where there is no earlier item or no such number."""
+    def renumber(self, sequence: list[int], chains: list[list[int]]) -> list[list[int]]:
+        """``chains`` (drafts continuing ``sequence``) with each item number starting a line replaced by the
+        number after the previous item's; unchanged where there is no earlier item or no such number. The
+        sequence is read once for all chains."""
         start = len(sequence)
         while start > 0 and sequence[start - 1] in self.digit_of:
             start -= 1
-        if not chain or (start == len(sequence) and not any(t in self.digit_of for t in chain)):
-            return chain  # the common case: no digits drafted, no number being written
+        if start == len(sequence) and not any(t in self.digit_of for chain in chains for t in chain):
+            return chains  # the common case: no digits drafted, no number being written
         last = self.last_item(sequence)
         if last is None:
-            return chain
-        number, delimiter = last
+            return chains
         # the digits of an item number the sequence has begun ("" at a line start; None: not in one)
         written = None
         if 0 < start and self.ends_line(sequence[start - 1]) and len(sequence) - start <= MAX_DIGITS:
             written = "".join(str(self.digit_of[t]) for t in sequence[start:])
+        return [self._rewrite(chain, *last, written) for chain in chains]
+
+    def _rewrite(self, chain: list[int], number: int, delimiter: int, written: str | None) -> list[int]:
         out: list[int] = []
         i = 0
         while i < len(chain):
