@@ -104,7 +104,7 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target, layers):
         for depth, token in enumerate([17, 4, 29]):
             pairs, tokens = torch.cat([pairs, predicted.unsqueeze(0)]), tokens + [token]
             seen = torch.ones(1, drafted_k.shape[2], dtype=torch.bool)
-            out, k, v = drafter._run([row], predicted.view(1, 1, -1), torch.tensor([[token]]),
+            out, k, v = drafter._run([row], drafter._drafted(predicted.view(1, 1, -1), torch.tensor([[token]])),
                                      torch.tensor([[len(sequence) - 1 + depth]]), [1], [(drafted_k, drafted_v, seen)])
             drafted_k, drafted_v = torch.cat([drafted_k, k[:, 0]], dim=2), torch.cat([drafted_v, v[:, 0]], dim=2)
             predicted = out[0, 0]
@@ -333,12 +333,13 @@ def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_d
     corpus.write_text("\n\n".join(f"the cat sat on mat number {i} and the dog sat too" for i in range(30)))
     out = tmp_path / "head"
     argv = ["train", "head", "--model", str(tiny_model_dir), "--out", str(out), "--steps", "6", "--prompts", "4",
-            "--max-new-tokens", "16", "--vocab-size", "64", "--data", str(corpus), "--layers", "2"]
+            "--max-new-tokens", "16", "--vocab-size", "64", "--data", str(corpus), "--layers", "2",
+            "--token-layers", "1"]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "head written to" in err and "held-out acceptance" in err
     head, _, _, info = load_head(out)
-    assert head.config.num_layers == 2 and len(head.layers) == 2
+    assert head.config.num_layers == 2 and len(head.layers) == 2 and head.config.token_layers == 1
     assert info["training_tokens"] > 0 and 0.0 <= info["held_out_acceptance"]["first_token_acceptance"] <= 1.0
     assert len(info["held_out_acceptance"]["acceptance_per_position"]) == 5
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "the cat sat", "--max-new-tokens", "12", "--json"]
@@ -363,6 +364,8 @@ def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_d
 
 @pytest.mark.parametrize("extra, message", [(["--steps", "0"], "--steps must be >= 1"),
                                             (["--layers", "0"], "--layers must be >= 1"),
+                                            (["--token-layers", "-1"], "--token-layers must be >= 0"),
+                                            (["--token-layers", "2"], "--token-layers must be below the target's 2 layers"),
                                             (["--data", "/no/such/file.txt"], "training data not found")])
 def test_genspec_train_head_bad_input_is_one_line(capsys, tmp_path, tiny_model_dir, extra, message):
     from genspec.cli import main

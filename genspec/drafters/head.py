@@ -19,17 +19,20 @@ import torch
 from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
 from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TreeNode, ancestors, best_paths, chains_draft, draw,
                                       load_for_target)
+from genspec.drafters.layer_states import LayerStates
 from genspec.errors import ConfigError
 from genspec.models.draft_head import DraftHead
 from genspec.models.hf import transpose_linears
 
 
 class _Row:
-    """One request: its context, the target's features by position, the head's cache of committed pairs."""
+    """One request: its context, the target's features by position, the states of its tokens (a head with
+    ``token_layers``), the head's cache of committed pairs."""
 
     def __init__(self, context: RequestContext, hidden_size: int, empty: torch.Tensor):
         self.context = context
         self.features = context.hidden if context.hidden is not None else torch.zeros(0, hidden_size, dtype=empty.dtype)
+        self.states = torch.zeros(0, hidden_size, dtype=empty.dtype)
         self.keys, self.values = empty, empty  # [layers, kv_heads, cached pairs, head_dim]
 
     @property
@@ -54,7 +57,10 @@ class HeadDrafter(Drafter):
     ``tree_top_k`` most likely nodes so far (by cumulative draft probability) are expanded into their
     ``tree_top_k`` most likely tokens, and the ``tree_nodes`` most likely nodes are verified, each
     root-to-leaf path a candidate. Tree candidates are deterministic (lossless under sampling too, as
-    lookup trees are); chains are sampled from the draft law when the request samples."""
+    lookup trees are); chains are sampled from the draft law when the request samples.
+
+    A head trained with ``token_layers`` = L reads the target's first L layers over each committed token
+    (:class:`genspec.drafters.layer_states.LayerStates`, run here before drafting: part of the draft cost)."""
 
     name = "head"
     free = False
@@ -83,6 +89,7 @@ class HeadDrafter(Drafter):
         self._empty = torch.zeros(config.num_layers, config.num_kv_heads, 0, config.head_dim, dtype=self.dtype,
                                   device=self.device)
         self._rows: dict[int, _Row] = {}
+        self.layer_states = LayerStates(target, config.token_layers) if config.token_layers else None
 
     @classmethod
     def for_target(cls, target, path: str | None = None, tree_nodes: int = DEFAULT_TREE_NODES,
@@ -98,12 +105,19 @@ class HeadDrafter(Drafter):
     def finish(self, request_ids: list[int]) -> None:
         for request_id in request_ids:
             self._rows.pop(request_id, None)
+        if self.layer_states is not None:
+            self.layer_states.finish(request_ids)
+
+    def catch_up_tokens(self, request_id: int, sequence: list[int]) -> int:
+        """The tokens the target's first layers must still read (a head with ``token_layers``), else 0."""
+        return 0 if self.layer_states is None else self.layer_states.unread(request_id, sequence)
 
     # --------------------------------------------------------------- the head, per row over its cache
-    def _run(self, rows: list[_Row], features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+    def _run(self, rows: list[_Row], x: torch.Tensor, positions: torch.Tensor,
              counts: list[int], extra: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None):
-        """The head on a block of pairs per row (``features`` ``[R, n, H]``, ``tokens`` ``[R, n]``,
-        ``positions`` ``[R, n]``, the first ``counts[r]`` real), attending over each row's cache and, with
+        """The head on a block of pairs per row (their first-layer inputs ``x`` ``[R, n, H]``, from
+        :meth:`_committed` or :meth:`_drafted`; ``positions`` ``[R, n]``; the first ``counts[r]`` real),
+        attending over each row's cache and, with
         ``extra``, per row ``(keys, values, mask)``: drafted pairs after the cache (``[L, kv_heads, E, d]``)
         and which of them each block pair sees (``[count, E]``; then a block pair sees itself only: tree
         nodes of one depth); without, a block pair sees the earlier ones (a chain). Returns the predicted
@@ -130,7 +144,11 @@ class HeadDrafter(Drafter):
                                                                 values.unsqueeze(0), masks[r].view(1, 1, count, -1))
             return attended
 
-        return self.head.run(self.head.inputs(features, self.embed(tokens).to(self.dtype)), positions, attention)
+        return self.head.run(x, positions, attention)
+
+    def _drafted(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """First-layer inputs of drafted pairs (predicted features ``[R, n, H]``, drafted ``tokens`` ``[R, n]``)."""
+        return self.head.inputs(features, self.embed(tokens).to(self.dtype))
 
     def _sync(self, rows: list[_Row], sequences: list[list[int]]) -> torch.Tensor:
         """Feed each row's committed pairs not in its cache yet (always at least its last one, whose
@@ -138,14 +156,19 @@ class HeadDrafter(Drafter):
         starts = [min(row.cached, len(seq) - 2) for row, seq in zip(rows, sequences)]
         counts = [len(seq) - 1 - s for seq, s in zip(sequences, starts)]
         n = max(counts)
-        features = torch.zeros(len(rows), n, self.head.config.hidden_size, dtype=self.dtype)
+        hidden = self.head.config.hidden_size
+        features = torch.zeros(len(rows), n, hidden, dtype=self.dtype)
         tokens = torch.zeros(len(rows), n, dtype=torch.long)
+        states = torch.zeros(len(rows), n, hidden, dtype=self.dtype) if self.layer_states is not None else None
         for r, (row, seq, start, count) in enumerate(zip(rows, sequences, starts, counts)):
             row.keys, row.values = row.keys[:, :, :start], row.values[:, :, :start]
             features[r, :count] = row.features[start:start + count]
             tokens[r, :count] = torch.tensor(seq[start + 1:start + 1 + count], dtype=torch.long)
+            if states is not None:
+                states[r, :count] = row.states[start + 1:start + 1 + count]
         positions = torch.tensor(starts, dtype=torch.long).unsqueeze(1) + torch.arange(n)
-        out, k, v = self._run(rows, features, tokens, positions, counts)
+        x = self._drafted(features, tokens) if states is None else self.head.state_inputs(features, states)
+        out, k, v = self._run(rows, x, positions, counts)
         for r, (row, count) in enumerate(zip(rows, counts)):
             row.keys = torch.cat([row.keys, k[:, r, :, :count]], dim=2)
             row.values = torch.cat([row.values, v[:, r, :, :count]], dim=2)
@@ -160,6 +183,12 @@ class HeadDrafter(Drafter):
             row = self._rows[request.request_id]
             if request.hidden is not None and len(request.hidden):
                 row.features = torch.cat([row.features, request.hidden.to(self.dtype)])
+        if self.layer_states is not None:
+            reading = [r for r in requests if r.max_tokens > 0]
+            for request, states in zip(reading, self.layer_states.read([r.request_id for r in reading],
+                                                                        [list(r.sequence) for r in reading])):
+                row = self._rows[request.request_id]
+                row.states = torch.cat([row.states, states.to(self.dtype)])
         # a row can draft once the target's feature of every committed token but the last is known
         able = [r.max_tokens > 0 and len(r.sequence) >= 2 and len(self._rows[r.request_id].features) == len(r.sequence) - 1
                 for r in requests]
@@ -200,7 +229,7 @@ class HeadDrafter(Drafter):
             positions = torch.tensor([[len(seq) - 1 + depth] for seq in sequences], dtype=torch.long)
             counts = [1 if depth + 1 < n else 0 for n in need]
             extra = [(dk, dv, torch.ones(1, dk.shape[2], dtype=torch.bool)) for dk, dv in zip(drafted_k, drafted_v)]
-            out, k, v = self._run(rows, predicted.unsqueeze(1), tokens.unsqueeze(1), positions, counts, extra)
+            out, k, v = self._run(rows, self._drafted(predicted.unsqueeze(1), tokens.unsqueeze(1)), positions, counts, extra)
             drafted_k = [torch.cat([dk, k[:, r, :, :1]], dim=2) for r, dk in enumerate(drafted_k)]
             drafted_v = [torch.cat([dv, v[:, r, :, :1]], dim=2) for r, dv in enumerate(drafted_v)]
             predicted = out[:, 0]
@@ -260,7 +289,7 @@ class HeadDrafter(Drafter):
                 mask = mask.reshape(len(picked), len(ran))
                 extra.append((torch.cat([nodes[r][a].state[1] for a in ran], dim=2) if ran else self._empty,
                               torch.cat([nodes[r][a].state[2] for a in ran], dim=2) if ran else self._empty, mask))
-            out, k, v = self._run(rows, features, tokens, positions, [len(c) for c in chosen], extra)
+            out, k, v = self._run(rows, self._drafted(features, tokens), positions, [len(c) for c in chosen], extra)
             values, indices = best(out)
             for r, picked in enumerate(chosen):
                 frontier[r] = []

@@ -120,6 +120,17 @@ def early_exit(target: HFCausalLM, exit_layer: int, vocab_subset: torch.Tensor |
     return EarlyExitModel(target, exit_layer, vocab_subset)
 
 
+def first_layers(target: HFCausalLM, count: int) -> HFCausalLM:
+    """The target's first ``count`` layers (weights shared, its own KV cache), whose hidden states are
+    those layers' output un-normed (transformers' ``hidden_states[count]``): what a draft head with
+    ``token_layers`` reads of each committed token (:class:`genspec.models.draft_head.DraftHead`)."""
+    total = num_layers(target)
+    if not (isinstance(count, int) and 1 <= count < total):
+        raise ConfigError(f"the number of the target's layers to run must be in 1..{total - 1}, got {count}")
+    return HFCausalLM(target.model, target.tokenizer, fast_kernels=False, lm_head=target.lm_head,
+                      decoder=decoder_view(target.decoder, list(range(count)), final_norm=False))
+
+
 def quantized(target: HFCausalLM, vocab_subset: torch.Tensor | None = None) -> HFCausalLM:
     """A copy of the target with every Linear layer (LM head included) quantised to int8 (PyTorch
     dynamic quantisation: int8 weights, activations quantised on the fly)."""

@@ -57,21 +57,31 @@ class Teacher:
 
 
 def record_features(target, sequences: list[list[int]], batch_size: int = 8,
-                    progress: Callable[[int], None] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                    progress: Callable[[int], None] | None = None,
+                    token_layers: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``(tokens [n], features [n, H])`` per sequence: the target's feature at every position but the
-    last (whose successor is unknown, so it teaches nothing), as the engine hands them to drafters."""
+    last (whose successor is unknown, so it teaches nothing), as the engine hands them to drafters.
+    With ``token_layers`` = L, ``features`` is ``[n, 2H]``: then the state after the target's first L
+    layers at each position, as :class:`genspec.drafters.layer_states.LayerStates` computes it at run time."""
+    from genspec.models.variants import first_layers
+
+    models = [target] + ([first_layers(target, token_layers)] if token_layers else [])
     out = []
     for start in range(0, len(sequences), batch_size):
         batch = [s for s in sequences[start:start + batch_size] if len(s) >= 3]
         if not batch:
             continue
-        target.reset(0)
-        hidden = target.add_rows([s[:-1] for s in batch], return_hidden=True)
-        for seq, features in zip(batch, hidden):
-            out.append((torch.tensor(seq, dtype=torch.long), features.detach().to(torch.float32).clone()))
+        parts = []
+        for model in models:
+            model.reset(0)
+            parts.append(model.add_rows([s[:-1] for s in batch], return_hidden=True))
+        for n, seq in enumerate(batch):
+            features = torch.cat([part[n].detach().to(torch.float32) for part in parts], -1).clone()
+            out.append((torch.tensor(seq, dtype=torch.long), features))
         if progress is not None:
             progress(len(batch))
-    target.reset(0)
+    for model in models:
+        model.reset(0)
     return out
 
 
@@ -96,24 +106,38 @@ def cut_pieces(data: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> li
 def head_loss(head: DraftHead, teacher: Teacher, tokens: torch.Tensor, features: torch.Tensor,
               mask: torch.Tensor, settings: TrainSettings, generator: torch.Generator | None = None):
     """``(loss, regression, classification, top-1 agreement)`` on a padded batch: ``tokens`` ``[B, n + 1]``,
-    ``features`` ``[B, n, H]`` (f_0..f_{n-1}), ``mask`` ``[B, n - 1]`` the pairs with a known next feature."""
-    inputs = features[:, :-1]
+    ``features`` ``[B, n, H]`` (f_0..f_{n-1}), ``mask`` ``[B, n - 1]`` the pairs with a known next feature.
+    A head with ``token_layers`` takes ``features`` ``[B, n, 2H]`` (:func:`record_features`) and learns its
+    committed pairs (exact features, the next token's layer state) and its drafted pairs (noisy features,
+    the embedding) at once; the figures but the loss are then its committed pairs' (the first draft token)."""
+    hidden = head.config.hidden_size
+    exact, wanted = features[:, :-1, :hidden], features[:, 1:, :hidden]
+    inputs = exact
     if settings.noise and generator is not None:
         scale = inputs.pow(2).mean(-1, keepdim=True).sqrt()
         noise = torch.rand(inputs.shape, generator=generator, dtype=inputs.dtype) * 2 - 1
         inputs = inputs + settings.noise * scale * noise
-    predicted = head(inputs, teacher.embed(tokens[:, 1:-1]).to(features.dtype))  # predicts f_1..f_{n-1}
-    return feature_loss(predicted, features[:, 1:], teacher, mask, settings)
+    embeddings = teacher.embed(tokens[:, 1:-1]).to(features.dtype)
+    if not head.config.token_layers:
+        return feature_loss(head(inputs, embeddings), wanted, teacher, mask, settings)  # predicts f_1..f_{n-1}
+    committed, drafted = head(exact, embeddings, features[:, 1:, hidden:], drafted_features=inputs)
+    with torch.no_grad():
+        target_logits = teacher.logits_of(wanted).float()
+    first = feature_loss(committed, wanted, teacher, mask, settings, target_logits)
+    later = feature_loss(drafted, wanted, teacher, mask, settings, target_logits)
+    return (first[0] + later[0],) + first[1:]
 
 
 def feature_loss(predicted: torch.Tensor, wanted: torch.Tensor, teacher: Teacher, mask: torch.Tensor,
-                 settings: TrainSettings):
+                 settings: TrainSettings, target_logits: torch.Tensor | None = None):
     """EAGLE's loss of predicted features ``[B, n, H]`` against the target's ``wanted`` ones, over the pairs
-    in ``mask``: ``(loss, regression, classification, top-1 agreement)`` as :func:`head_loss` returns them."""
+    in ``mask``: ``(loss, regression, classification, top-1 agreement)`` as :func:`head_loss` returns them.
+    ``target_logits``: those of ``wanted`` if already computed."""
     regression = torch.nn.functional.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
     draft = teacher.logits_of(predicted).float().log_softmax(-1)
-    with torch.no_grad():
-        target_logits = teacher.logits_of(wanted).float()
+    if target_logits is None:
+        with torch.no_grad():
+            target_logits = teacher.logits_of(wanted).float()
     classification = -(target_logits.softmax(-1) * draft).sum(-1)
     weight = mask.to(regression.dtype)
     total = weight.sum().clamp(min=1)

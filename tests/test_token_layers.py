@@ -1,0 +1,152 @@
+"""A draft head whose committed pairs read the target's first L layers over the next token
+(``HeadConfig.token_layers``, :mod:`genspec.drafters.layer_states`): exact states, the drafter's cache
+equal to the whole-sequence forward, greedy equality, the chi-square lossless test, training."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from stats_helpers import lossless_pvalue
+from tiny_models import peaked, tiny_llama
+
+from genspec.drafters.base import RequestContext
+from genspec.drafters.head import HeadDrafter
+from genspec.drafters.layer_states import LayerStates
+from genspec.engine import SpeculativeEngine
+from genspec.errors import ConfigError
+from genspec.models import HFCausalLM
+from genspec.models.draft_head import DraftHead, HeadConfig, load_head
+from genspec.models.variants import first_layers
+from genspec.sampling import SamplingConfig
+from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
+
+SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, token_layers=1)
+
+
+def _head(seed: int = 0, layers: int = 1) -> DraftHead:
+    torch.manual_seed(seed)
+    return DraftHead(replace(SMALL, num_layers=layers)).to(torch.float64).eval()
+
+
+def _layer_state(model, sequence: list[int], layer: int) -> torch.Tensor:
+    """transformers' own ``hidden_states[layer]`` over the whole sequence, ``[n, H]``."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([sequence]), output_hidden_states=True).hidden_states[layer][0]
+
+
+def test_layer_states_read_in_steps_equal_the_whole_sequence_states():
+    """Two requests read in chunks of different sizes (one finishes, another joins) give transformers'
+    hidden_states[L] of each whole sequence: the un-normed output of the target's first L layers."""
+    model = tiny_llama(0, layers=3)
+    target = HFCausalLM(model)
+    states = LayerStates(target, 2)
+    a, b, c = [5, 9, 11, 3, 7, 7, 2, 40], [9, 9, 12, 1, 30], [4, 4, 4, 8]
+    got = {0: [], 1: [], 2: []}
+    for request_ids, sequences in [([0, 1], [a[:3], b[:2]]), ([1], [b[:4]]), ([0, 1], [a[:7], b])]:
+        for i, s in zip(request_ids, states.read(request_ids, sequences)):
+            got[i].append(s)
+    states.finish([1])
+    for i, s in zip([2, 0], states.read([2, 0], [c, a])):
+        got[i].append(s)
+    for i, sequence in [(0, a), (1, b), (2, c)]:
+        assert torch.allclose(torch.cat(got[i]), _layer_state(model, sequence, 2), atol=1e-10)
+    assert states.unread(0, a + [3]) == 1 and states.unread(7, a) == len(a)
+    with pytest.raises(ConfigError, match="must be in 1..2"):
+        first_layers(target, 3)
+
+
+def test_recorded_features_hold_the_final_features_then_the_layer_states(tiny_target):
+    sequence = [5, 9, 11, 3, 7, 7, 2, 40]
+    [(tokens, features)] = record_features(tiny_target, [sequence], token_layers=1)
+    assert tokens.tolist() == sequence and features.shape == (7, 128)
+    assert torch.allclose(features[:, 64:], _layer_state(tiny_target.model, sequence[:-1], 1).float(), atol=1e-5)
+    [(_, plain)] = record_features(tiny_target, [sequence])
+    assert torch.equal(features[:, :64], plain)
+
+
+def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):
+    """Committed pairs (feature, next token's layer state) fed in two chunks, then drafted pairs (predicted
+    feature, drafted token's embedding), give what the head's forward over whole sequences gives: its
+    committed half for the first draft token, its drafted half for the next ones."""
+    head = _head()
+    drafter = HeadDrafter(tiny_target, head, list(range(64)), tree_nodes=0)
+    sequence = [5, 9, 11, 3, 7, 7, 2, 40, 41, 13]
+    tiny_target.reset(0)
+    [features] = tiny_target.add_rows([sequence[:-1]], return_hidden=True)
+    tiny_target.reset(0)
+    states = _layer_state(tiny_target.model, sequence, 1)
+    embed = tiny_target.model.get_input_embeddings()
+    with torch.no_grad():
+        committed, _ = head(features.unsqueeze(0), embed(torch.tensor([sequence[1:]])), states[1:].unsqueeze(0))
+    drafter.start([RequestContext(0, sequence[:4], hidden=features[:3])])
+    row = drafter._rows[0]
+    row.states = drafter.layer_states.read([0], [sequence[:4]])[0]
+    with torch.no_grad():
+        first = drafter._sync([row], [sequence[:4]])
+        row.features = features
+        row.states = torch.cat([row.states, drafter.layer_states.read([0], [sequence])[0]])
+        second = drafter._sync([row], [sequence])
+    assert torch.allclose(first[0], committed[0, 2], atol=1e-9)
+    assert torch.allclose(second[0], committed[0, 8], atol=1e-9)
+    # one drafted pair after the committed ones: the forward's drafted half at that position
+    token = 17
+    with torch.no_grad():
+        out, _, _ = drafter._run([row], drafter._drafted(second.view(1, 1, -1), torch.tensor([[token]])),
+                                 torch.tensor([[len(sequence) - 1]]), [1],
+                                 [(drafter._empty, drafter._empty, torch.ones(1, 0, dtype=torch.bool))])
+        pairs = torch.cat([features, second]).unsqueeze(0)
+        _, drafted = head(pairs, embed(torch.tensor([sequence[1:] + [token]])),
+                          torch.cat([states[1:], torch.zeros(1, 64, dtype=states.dtype)]).unsqueeze(0))
+    assert torch.allclose(out[0, 0], drafted[0, -1], atol=1e-9)
+
+
+@pytest.mark.parametrize("tree_nodes, batch", [(0, 1), (0, 3), (6, 3)])
+def test_greedy_drafting_with_layer_states_equals_plain_decoding(tiny_target, tree_nodes, batch):
+    prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]][:batch]
+    plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
+    drafter = HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=tree_nodes, tree_top_k=3)
+    spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=4,
+                                                                eos_token_ids=())
+    assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+    assert sum(s.stats.drafted_tokens for s in spec) > 0
+
+
+@pytest.mark.parametrize("tree_nodes, seed", [(0, 31), (6, 32)])
+def test_head_with_layer_states_sampling_is_lossless(tree_nodes, seed):
+    """Chi-square of the joint law of the first 3 generated tokens against the exact target law
+    (temperature 0.7, top-k 8, top-p 0.9 on draft and target alike; N = 20,000, cells with expected count
+    < 5 pooled; fail if p < 1e-3), sampled chains and 6-node trees, a head over 8 of the 12 tokens."""
+    head = DraftHead(replace(SMALL, num_layers=1))
+    pvalue, acceptance = lossless_pvalue(
+        lambda target: HeadDrafter(target, head.to(torch.float64), list(range(8)), tree_nodes=tree_nodes, tree_top_k=3),
+        SamplingConfig(temperature=0.7, top_k=8, top_p=0.9), seed=seed, layers=2)
+    assert 0.02 < acceptance < 0.95
+    assert pvalue > 1e-3
+
+
+def test_training_with_layer_states_lowers_the_loss_and_the_saved_head_drafts(tmp_path):
+    target = HFCausalLM(peaked(tiny_llama(0, dtype=torch.float32), scale=4.0))
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 64, (4,), generator=generator).tolist() for _ in range(24)]
+    results = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=40, temperature=0.8, seed=1,
+                                                     eos_token_ids=())
+    sequences = [p + r.token_ids for p, r in zip(prompts, results)]
+    data = record_features(target, sequences, token_layers=1)
+    vocab = choose_vocabulary(sequences, 48)
+    settings = TrainSettings(steps=60, batch_size=8, sequence_length=32, learning_rate=3e-3, warmup=5,
+                             checkpoint_every=30, held_out_every=0)
+    log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=settings)
+    losses = [entry["loss"] for entry in log["loss"]]
+    assert sum(losses[-10:]) / 10 < 0.7 * sum(losses[:10]) / 10
+    assert log["held_out_after"]["loss"] < log["held_out_before"]["loss"]
+    assert log["held_out_after"]["agreement"] > log["held_out_before"]["agreement"]
+    head, _, _, _ = load_head(tmp_path / "head")
+    assert head.config.token_layers == 1
+    drafter = HeadDrafter.for_target(target, path=str(tmp_path / "head"))
+    assert drafter.layer_states is not None
+    test_prompts = [s[:6] for s in sequences[20:]]
+    plain = SpeculativeEngine(target).generate_ids(test_prompts, max_new_tokens=20, eos_token_ids=())
+    spec = SpeculativeEngine(target, drafter).generate_ids(test_prompts, max_new_tokens=20, eos_token_ids=())
+    assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+    assert sum(s.stats.accepted_tokens for s in spec) > 0
