@@ -31,8 +31,9 @@ class _Row:
 
     def __init__(self, context: RequestContext, hidden_size: int, empty: torch.Tensor):
         self.context = context
-        self.features = context.hidden if context.hidden is not None else torch.zeros(0, hidden_size, dtype=empty.dtype)
-        self.states = torch.zeros(0, hidden_size, dtype=empty.dtype)
+        self.features = (context.hidden if context.hidden is not None
+                         else torch.zeros(0, hidden_size, dtype=empty.dtype, device=empty.device))
+        self.states = torch.zeros(0, hidden_size, dtype=empty.dtype, device=empty.device)
         self.keys, self.values = empty, empty  # [layers, kv_heads, cached pairs, head_dim]
 
     @property
@@ -116,7 +117,8 @@ class HeadDrafter(Drafter):
     def _run(self, rows: list[_Row], x: torch.Tensor, positions: torch.Tensor,
              counts: list[int], extra: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None):
         """The head on a block of pairs per row (their first-layer inputs ``x`` ``[R, n, H]``, from
-        :meth:`_committed` or :meth:`_drafted`; ``positions`` ``[R, n]``; the first ``counts[r]`` real),
+        :meth:`_drafted`, or ``DraftHead.state_inputs`` for committed pairs of a head with ``token_layers``;
+        ``positions`` ``[R, n]``; the first ``counts[r]`` real),
         attending over each row's cache and, with
         ``extra``, per row ``(keys, values, mask)``: drafted pairs after the cache (``[L, kv_heads, E, d]``)
         and which of them each block pair sees (``[count, E]``; then a block pair sees itself only: tree
@@ -157,9 +159,10 @@ class HeadDrafter(Drafter):
         counts = [len(seq) - 1 - s for seq, s in zip(sequences, starts)]
         n = max(counts)
         hidden = self.head.config.hidden_size
-        features = torch.zeros(len(rows), n, hidden, dtype=self.dtype)
-        tokens = torch.zeros(len(rows), n, dtype=torch.long)
-        states = torch.zeros(len(rows), n, hidden, dtype=self.dtype) if self.layer_states is not None else None
+        features = torch.zeros(len(rows), n, hidden, dtype=self.dtype, device=self.device)
+        tokens = torch.zeros(len(rows), n, dtype=torch.long, device=self.device)
+        states = (torch.zeros(len(rows), n, hidden, dtype=self.dtype, device=self.device)
+                  if self.layer_states is not None else None)
         for r, (row, seq, start, count) in enumerate(zip(rows, sequences, starts, counts)):
             row.keys, row.values = row.keys[:, :, :start], row.values[:, :, :start]
             features[r, :count] = row.features[start:start + count]
