@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from stats_helpers import lossless_pvalue
-from tiny_models import peaked, tiny_llama
+from tiny_models import peaked, sampled_continuations, tiny_llama
 
 from genspec.drafters.distilled import DistilledDrafter
 from genspec.engine import SpeculativeEngine
@@ -62,11 +62,7 @@ def test_distilled_sampling_is_lossless():
 
 def test_training_the_draft_lowers_the_loss_and_raises_acceptance(tmp_path):
     target = HFCausalLM(peaked(tiny_llama(0, dtype=torch.float32), scale=4.0))
-    generator = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 64, (4,), generator=generator).tolist() for _ in range(24)]
-    results = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=40, temperature=0.8, seed=1,
-                                                     eos_token_ids=())
-    sequences = [p + r.token_ids for p, r in zip(prompts, results)]
+    sequences = sampled_continuations(target)
     data = record_features(target, sequences)
     vocab = choose_vocabulary(sequences, 48)
     config = DraftConfig(64, len(vocab) + 1, width=32, num_layers=1, num_heads=2, num_kv_heads=1,

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 from stats_helpers import lossless_pvalue
-from tiny_models import peaked, tiny_llama
+from tiny_models import peaked, sampled_continuations, tiny_llama
 
 from genspec.drafters.base import Draft, Drafter
 from genspec.drafters.head import HeadDrafter
@@ -259,18 +259,9 @@ def test_the_weak_lookup_joins_the_heads_tree_as_one_more_candidate(tiny_target)
     assert merged.chains(1) == alone.chains(1)  # no match at all: the head's tree alone
 
 
-def _training_data(target, count: int, length: int, seed: int):
-    """The target's own sampled continuations of random prompts (as ``genspec train`` uses its outputs)."""
-    generator = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, 64, (4,), generator=generator).tolist() for _ in range(count)]
-    results = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=length, temperature=0.8, seed=seed,
-                                                     eos_token_ids=())
-    return [p + r.token_ids for p, r in zip(prompts, results)]
-
-
 def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path):
     target = HFCausalLM(peaked(tiny_llama(0, dtype=torch.float32), scale=4.0))
-    sequences = _training_data(target, 24, 40, seed=1)
+    sequences = sampled_continuations(target)
     data = record_features(target, sequences)
     vocab = choose_vocabulary(sequences, 48)
     settings = TrainSettings(steps=60, batch_size=8, sequence_length=32, learning_rate=3e-3, warmup=5,

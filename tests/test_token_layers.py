@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 from stats_helpers import lossless_pvalue
-from tiny_models import peaked, tiny_llama
+from tiny_models import peaked, sampled_continuations, tiny_llama
 
 from genspec.drafters.base import RequestContext
 from genspec.drafters.head import HeadDrafter
@@ -127,11 +127,7 @@ def test_head_with_layer_states_sampling_is_lossless(tree_nodes, seed):
 
 def test_training_with_layer_states_lowers_the_loss_and_the_saved_head_drafts(tmp_path):
     target = HFCausalLM(peaked(tiny_llama(0, dtype=torch.float32), scale=4.0))
-    generator = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 64, (4,), generator=generator).tolist() for _ in range(24)]
-    results = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=40, temperature=0.8, seed=1,
-                                                     eos_token_ids=())
-    sequences = [p + r.token_ids for p, r in zip(prompts, results)]
+    sequences = sampled_continuations(target)
     data = record_features(target, sequences, token_layers=1)
     vocab = choose_vocabulary(sequences, 48)
     settings = TrainSettings(steps=60, batch_size=8, sequence_length=32, learning_rate=3e-3, warmup=5,

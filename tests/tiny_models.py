@@ -78,3 +78,15 @@ def save_tiny_model(directory, seed: int = 0, layers: int = 2, dtype=torch.float
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def sampled_continuations(target, count: int = 24, length: int = 40, seed: int = 1) -> list[list[int]]:
+    """The target's own sampled continuations (temperature 0.8) of ``count`` random 4-token prompts: what
+    ``genspec train`` trains on, in small."""
+    from genspec.engine import SpeculativeEngine
+
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 64, (4,), generator=generator).tolist() for _ in range(count)]
+    results = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=length, temperature=0.8, seed=seed,
+                                                     eos_token_ids=())
+    return [p + r.token_ids for p, r in zip(prompts, results)]
