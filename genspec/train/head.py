@@ -221,7 +221,11 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     head = module(config).to(torch.float32).train()
     loss_of = LOSSES[kind]
     vocab = torch.as_tensor(vocab_ids, dtype=torch.long)
-    teacher = Teacher(target.subset_head(vocab), target.model.get_input_embeddings(),
+    embedding = target.model.get_input_embeddings()
+    # detached: the target's weights require grad (transformers' default), and backward would otherwise build
+    # the whole embedding table's gradient every step (262,144 x 640 floats, 671 MB, on the embedded model),
+    # which nothing learns from
+    teacher = Teacher(target.subset_head(vocab), lambda tokens: embedding(tokens).detach(),
                       local_ids(vocab_ids, target.vocab_size))
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / settings.warmup) * 0.5 * (
