@@ -20,7 +20,7 @@ from genspec.errors import ConfigError
 #: with the target's answers was 0.427 with the embedding, 0.447 with the state after 4 of the embedded
 #: model's 18 layers, 0.485 after 6 (``python benchmarks/head_inputs.py``, benchmarks/results/head_inputs/);
 #: a head trained with 6 replaces the shipped one (and this default) once issue 15's protocol says it pays
-#: for its layers (about 9.6 ms a step on the 2-core AMD EPYC, ``python benchmarks/layer_states_cost.py``)
+#: for its layers (10.4-10.9 ms a step on the 2-core AMD EPYC, benchmarks/results/layer_states_cost.txt)
 DEFAULT_TOKEN_LAYERS = 0
 
 #: Spec-Bench prompts per category that training never uses (``genspec bench`` measures the first ones)
