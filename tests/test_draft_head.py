@@ -24,9 +24,11 @@ from genspec.train.head import TrainSettings, choose_vocabulary, record_features
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
 
 
-def _head(seed: int = 0, dtype=torch.float64, layers: int = 1) -> DraftHead:
+def _head(seed: int = 0, dtype=torch.float64, layers: int = 1, token_layers: int = 0) -> DraftHead:
+    """A random head; with ``token_layers`` its committed pairs read the target's first layers
+    (tests/test_token_layers.py tests that reading itself)."""
     torch.manual_seed(seed)
-    return DraftHead(replace(SMALL, num_layers=layers)).to(dtype).eval()
+    return DraftHead(replace(SMALL, num_layers=layers, token_layers=token_layers)).to(dtype).eval()
 
 
 class _Recorder(Drafter):
@@ -112,13 +114,14 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target, layers):
     assert row.cached == 9
 
 
-@pytest.mark.parametrize("batch, layers", [(1, 1), (4, 1), (4, 2)])
-def test_greedy_head_drafting_equals_plain_decoding(tiny_target, batch, layers):
+@pytest.mark.parametrize("batch, layers, token_layers", [(1, 1, 0), (4, 1, 0), (4, 2, 0), (1, 1, 1), (3, 1, 1)])
+def test_greedy_head_drafting_equals_plain_decoding(tiny_target, batch, layers, token_layers):
     prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4], [11, 12, 13, 14, 15, 16]][:batch]
     plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())
     # a head that copies the target's features would agree everywhere; a random one mostly disagrees:
     # equality must hold either way
-    drafter = HeadDrafter(tiny_target, _head(layers=layers), choose_vocabulary([p.token_ids for p in plain], 40), tree_nodes=0)
+    drafter = HeadDrafter(tiny_target, _head(layers=layers, token_layers=token_layers),
+                          choose_vocabulary([p.token_ids for p in plain], 40), tree_nodes=0)
     spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=24, num_draft_tokens=3,
                                                                 eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
@@ -180,24 +183,27 @@ def test_pruned_tree_drafting_gives_the_unpruned_tree_with_fewer_head_runs(tiny_
     assert pairs[0] < pairs[1]
 
 
-@pytest.mark.parametrize("batch, layers", [(1, 1), (3, 1), (3, 2)])
-def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch, layers):
+@pytest.mark.parametrize("batch, layers, token_layers", [(1, 1, 0), (3, 1, 0), (3, 2, 0), (3, 1, 1)])
+def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch, layers, token_layers):
     prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]][:batch]
     plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
-    drafter = HeadDrafter(tiny_target, _head(layers=layers), list(range(3, 64)), tree_nodes=8, tree_top_k=3)
+    drafter = HeadDrafter(tiny_target, _head(layers=layers, token_layers=token_layers), list(range(3, 64)),
+                          tree_nodes=8, tree_top_k=3)
     spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=4,
                                                                 eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
     assert sum(s.stats.drafted_tokens for s in spec) > 0
 
 
-@pytest.mark.parametrize("tree_nodes, seed", [(0, 21), (6, 22)])
-def test_head_sampling_is_lossless(tree_nodes, seed):
+@pytest.mark.parametrize("tree_nodes, seed, token_layers", [(0, 21, 0), (6, 22, 0), (0, 31, 1), (6, 32, 1)])
+def test_head_sampling_is_lossless(tree_nodes, seed, token_layers):
     """Chi-square of the joint law of the first 3 generated tokens against the exact target law
     (temperature 0.7, top-k 8, top-p 0.9 on draft and target alike; N = 20,000, cells with expected
     count < 5 pooled; fail if p < 1e-3), sampled chains and dynamic trees of 6 deterministic nodes, a head
-    over 8 of the 12 tokens (so its law differs: rejections really happen)."""
-    head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
+    over 8 of the 12 tokens (so its law differs: rejections really happen); heads on the embedding and
+    on the target's first layer."""
+    head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+                                token_layers=token_layers))
     pvalue, acceptance = lossless_pvalue(
         lambda target: HeadDrafter(target, head.to(torch.float64), list(range(8)), tree_nodes=tree_nodes, tree_top_k=3),
         SamplingConfig(temperature=0.7, top_k=8, top_p=0.9), seed=seed, layers=2)

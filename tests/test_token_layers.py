@@ -1,13 +1,13 @@
 """A draft head whose committed pairs read the target's first L layers over the next token
 (``HeadConfig.token_layers``, :mod:`genspec.drafters.layer_states`): exact states, the drafter's cache
-equal to the whole-sequence forward, greedy equality, the chi-square lossless test, training."""
+equal to the whole-sequence forward, training. Greedy equality and the chi-square lossless test of such
+heads (chains and trees) are cases of tests/test_draft_head.py's."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
 import torch
-from stats_helpers import lossless_pvalue
 from tiny_models import peaked, sampled_continuations, tiny_llama
 
 from genspec.drafters.base import RequestContext
@@ -18,7 +18,6 @@ from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
 from genspec.models.draft_head import DraftHead, HeadConfig, load_head
 from genspec.models.variants import first_layers
-from genspec.sampling import SamplingConfig
 from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
 
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, token_layers=1)
@@ -99,30 +98,6 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):
         _, drafted = head(pairs, embed(torch.tensor([sequence[1:] + [token]])),
                           torch.cat([states[1:], torch.zeros(1, 64, dtype=states.dtype)]).unsqueeze(0))
     assert torch.allclose(out[0, 0], drafted[0, -1], atol=1e-9)
-
-
-@pytest.mark.parametrize("tree_nodes, batch", [(0, 1), (0, 3), (6, 3)])
-def test_greedy_drafting_with_layer_states_equals_plain_decoding(tiny_target, tree_nodes, batch):
-    prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]][:batch]
-    plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
-    drafter = HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=tree_nodes, tree_top_k=3)
-    spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=4,
-                                                                eos_token_ids=())
-    assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
-    assert sum(s.stats.drafted_tokens for s in spec) > 0
-
-
-@pytest.mark.parametrize("tree_nodes, seed", [(0, 31), (6, 32)])
-def test_head_with_layer_states_sampling_is_lossless(tree_nodes, seed):
-    """Chi-square of the joint law of the first 3 generated tokens against the exact target law
-    (temperature 0.7, top-k 8, top-p 0.9 on draft and target alike; N = 20,000, cells with expected count
-    < 5 pooled; fail if p < 1e-3), sampled chains and 6-node trees, a head over 8 of the 12 tokens."""
-    head = DraftHead(replace(SMALL, num_layers=1))
-    pvalue, acceptance = lossless_pvalue(
-        lambda target: HeadDrafter(target, head.to(torch.float64), list(range(8)), tree_nodes=tree_nodes, tree_top_k=3),
-        SamplingConfig(temperature=0.7, top_k=8, top_p=0.9), seed=seed, layers=2)
-    assert 0.02 < acceptance < 0.95
-    assert pvalue > 1e-3
 
 
 def test_training_with_layer_states_lowers_the_loss_and_the_saved_head_drafts(tmp_path):
