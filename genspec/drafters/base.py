@@ -291,6 +291,18 @@ class Drafter(ABC):
         return None
 
 
+def ragged_tokens(chunks: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token chunks of different lengths as a right-padded block ``[B, width]`` and its validity mask (what a
+    drafter's own model reads in one pass)."""
+    width = max(1, max(len(c) for c in chunks))
+    tokens = torch.zeros(len(chunks), width, dtype=torch.long)
+    valid = torch.zeros(len(chunks), width, dtype=torch.bool)
+    for row, chunk in enumerate(chunks):
+        tokens[row, :len(chunk)] = torch.tensor(chunk, dtype=torch.long)
+        valid[row, :len(chunk)] = True
+    return tokens, valid
+
+
 def request_uniforms(contexts: list[RequestContext], count: int, drawing: list[bool]) -> torch.Tensor:
     """``[R, count]`` uniforms for drafting, each row from its request's draft generator; only rows that
     are drawing and sampled consume any (so a row's stream does not depend on its neighbours)."""

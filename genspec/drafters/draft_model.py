@@ -19,22 +19,11 @@ from __future__ import annotations
 import torch
 
 from genspec.acceptance import verify
-from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext, draw_tokens, request_uniforms
+from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext, draw_tokens, ragged_tokens, request_uniforms
 from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM, PrefixKV
 from genspec.sampling import apply_repetition_penalty, block_seen_mask, process_logits, seen_mask
-
-
-def _ragged(chunks: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``[B, width]`` tokens and their validity mask."""
-    width = max(1, max(len(c) for c in chunks))
-    tokens = torch.zeros(len(chunks), width, dtype=torch.long)
-    valid = torch.zeros(len(chunks), width, dtype=torch.bool)
-    for row, chunk in enumerate(chunks):
-        tokens[row, :len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-        valid[row, :len(chunk)] = True
-    return tokens, valid
 
 
 class DraftModelDrafter(Drafter):
@@ -123,7 +112,7 @@ class DraftModelDrafter(Drafter):
             self._held[request_id] = seq[:k] + chunk
         if not logits and not any(new):
             return None
-        tokens, valid = _ragged(new)
+        tokens, valid = ragged_tokens(new)
         if logits:
             out = self.model.forward(tokens, valid, last_only=True)[:, 0]
         else:
@@ -205,7 +194,7 @@ class DraftModelDrafter(Drafter):
             room = [need[r] - len(out_tokens[r]) - 1 if running[r] else 0 for r in range(batch)]
             inner = self._inner_proposal(current, room)
             chunks = [[int(pending[r])] + inner.first_chain(r) if running[r] else [] for r in range(batch)]
-            block, valid = _ragged(chunks)
+            block, valid = ragged_tokens(chunks)
             # the pending token (block[0]) is already in ``current``; the seen-mask adds the proposals
             block_logits = self.model.forward(block, valid)
             seen = self._seen(contexts, current, block_logits.shape[-1], block)
@@ -242,7 +231,7 @@ class DraftModelDrafter(Drafter):
     @staticmethod
     def _as_draft(out_tokens: list[list[int]], out_laws: list[list[torch.Tensor]]) -> Draft:
         """A one-chain draft; with laws (a sampled batch), ``probs`` ``[R, 1, k, V]``."""
-        tokens, _ = _ragged(out_tokens)
+        tokens, _ = ragged_tokens(out_tokens)
         tokens = tokens[:, :max((len(t) for t in out_tokens), default=0)]
         lengths = torch.tensor([len(t) for t in out_tokens], dtype=torch.long)
         probs = None

@@ -189,7 +189,7 @@ class HeadDrafter(Drafter):
         if self.layer_states is not None:
             reading = [r for r in requests if r.max_tokens > 0]
             for request, states in zip(reading, self.layer_states.read([r.request_id for r in reading],
-                                                                        [list(r.sequence) for r in reading])):
+                                                                        [r.sequence for r in reading])):
                 row = self._rows[request.request_id]
                 row.states = torch.cat([row.states, states.to(self.dtype)])
         # a row can draft once the target's feature of every committed token but the last is known

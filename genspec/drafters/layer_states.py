@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from genspec.drafters.base import ragged_tokens
 from genspec.models.variants import first_layers
 
 
@@ -49,15 +50,10 @@ class LayerStates:
         tokens: they only grow), in one pass over all rows; a request not started is started."""
         self.start(request_ids)
         new = dict(zip(request_ids, sequences))
-        chunks = [new[i][self._read[i]:] if i in new else [] for i in self._order]
-        width = max(len(c) for c in chunks)
-        if not width:
+        chunks = [list(new[i][self._read[i]:]) if i in new else [] for i in self._order]
+        if not any(chunks):
             return [self._empty() for _ in request_ids]
-        tokens = torch.zeros(len(chunks), width, dtype=torch.long)
-        valid = torch.zeros(len(chunks), width, dtype=torch.bool)
-        for row, chunk in enumerate(chunks):
-            tokens[row, :len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-            valid[row, :len(chunk)] = True
+        tokens, valid = ragged_tokens(chunks)
         hidden, _ = self.model.hidden_states(tokens, valid)
         self.model.commit_all(valid)
         row_of = {request_id: row for row, request_id in enumerate(self._order)}
