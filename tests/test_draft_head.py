@@ -149,11 +149,83 @@ def test_a_one_branch_tree_is_the_greedy_chain(tiny_target, layers):
     assert len(drafts[0].first_chain(0)) == 5
 
 
+@pytest.mark.parametrize("token_layers", [0, 1])
+def test_a_batch_wanting_different_lengths_drafts_each_row_as_alone(tiny_target, token_layers):
+    """Rows near their end want fewer draft tokens than the others: the batched chain drafts each row as
+    that row's own proposal would (once, a row wanting fewer raised, and after the engine's one-by-one
+    retry the head held features twice and never drafted again: half the target calls of 8 held-out
+    prompts drafted nothing). A proposal repeated with the same states (that retry) changes nothing."""
+    from genspec.drafters.base import DraftRequest, RequestContext
+
+    sequences = [[5, 9, 11, 3, 7, 7, 2], [4, 8, 15, 16], [23, 42, 4, 8, 15]]
+    want = [5, 2, 0]
+    features = []
+    for sequence in sequences:
+        tiny_target.reset(0)
+        features.append(tiny_target.add_rows([sequence[:-1]], return_hidden=True)[0])
+    tiny_target.reset(0)
+
+    def drafter_for(ids):
+        drafter = HeadDrafter(tiny_target, _head(token_layers=token_layers), list(range(3, 60)), tree_nodes=0)
+        drafter.start([RequestContext(i, sequences[i][:2], hidden=features[i][:1]) for i in ids])
+        return drafter
+
+    batched = drafter_for(range(3))
+    requests = [DraftRequest(i, sequences[i], want[i], features[i][1:]) for i in range(3)]
+    together = [batched.propose(requests).first_chain(i) for i in range(3)]
+    alone = []
+    for i in range(3):
+        drafter = drafter_for([i])
+        alone.append(drafter.propose([requests[i]]).first_chain(0))
+        assert drafter.propose([requests[i]]).first_chain(0) == alone[-1]  # the same states again
+    assert together == alone and [len(c) for c in together] == want
+
+
 class _Unpruned(HeadDrafter):
     """The tree drafter expanding every frontier node its ``tree_top_k`` allows (no pruning)."""
 
     def promising(self, nodes, index):
         return True
+
+
+
+def _fails_once(cls):
+    """``cls`` whose first proposal for several rows handing states raises after it has taken them."""
+
+    class FailsOnce(cls):
+        failed = False
+
+        def propose(self, requests):
+            draft = super().propose(requests)
+            if len(requests) > 1 and all(r.hidden is not None for r in requests) and not self.failed:
+                self.failed = True
+                raise RuntimeError("once")
+            return draft
+
+    return FailsOnce
+
+
+@pytest.mark.parametrize("kind", ["head", "medusa"])
+def test_a_failed_batch_proposal_leaves_drafting_as_it_was(tiny_target, kind):
+    """The engine proposes for each row alone after a batch's proposal raises, handing the same states
+    again: the drafters reading them draft on exactly as without the failure (same drafts, same kept)."""
+    from genspec.drafters.medusa import MedusaDrafter
+    from test_medusa import _heads
+
+    def make(cls):
+        if kind == "head":
+            return cls(tiny_target, _head(), list(range(3, 60)), tree_nodes=0)
+        return cls(tiny_target, _heads(), list(range(3, 60)))
+
+    base = {"head": HeadDrafter, "medusa": MedusaDrafter}[kind]
+    prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]]
+    runs = []
+    for drafter in (make(base), make(_fails_once(base))):
+        results = SpeculativeEngine(tiny_target, drafter).generate_ids(
+            prompts, max_new_tokens=20, num_draft_tokens=3, draft_length="fixed", eos_token_ids=())
+        runs.append([(r.token_ids, r.stats.drafted_per_position, r.stats.accepted_per_position) for r in results])
+    assert drafter.failed and runs[1] == runs[0]
+    assert all(sum(drafted) > 0 for _, drafted, _ in runs[0])
 
 
 @pytest.mark.parametrize("tree_nodes, top_k", [(2, 2), (4, 3), (8, 4)])

@@ -53,7 +53,9 @@ class DraftRequest:
     (prompt and generated tokens so far). ``max_tokens`` may be 0 (nothing wanted from this row).
     ``hidden``: for a drafter that :attr:`~Drafter.reads_target_hidden`, the target's hidden states of
     the tokens committed since this request's last proposal (or its start), ``[n, H]``, in order; with
-    the earlier ones they cover every token of ``sequence`` but the last. None for the others."""
+    the earlier ones they cover every token of ``sequence`` but the last. None for the others. The same
+    states may come twice: when a batch's proposal raises, the engine proposes for each row alone with
+    the same requests, so a drafter keeps at most ``len(sequence) - 1`` states."""
 
     request_id: int
     sequence: list[int]

@@ -185,7 +185,9 @@ class HeadDrafter(Drafter):
                 self.start([RequestContext(request.request_id, list(request.sequence))])
             row = self._rows[request.request_id]
             if request.hidden is not None and len(request.hidden):
-                row.features = torch.cat([row.features, request.hidden.to(self.dtype)])
+                # cut to the committed tokens but the last: a request proposed for again after its batch's
+                # proposal failed (the engine retries each alone) hands the same states twice
+                row.features = torch.cat([row.features, request.hidden.to(self.dtype)])[:len(request.sequence) - 1]
         if self.layer_states is not None:
             reading = [r for r in requests if r.max_tokens > 0]
             for request, states in zip(reading, self.layer_states.read([r.request_id for r in reading],
@@ -230,8 +232,8 @@ class HeadDrafter(Drafter):
                 break
             # the pair (predicted feature, drafted token), seeing the chain's earlier pairs
             positions = torch.tensor([[len(seq) - 1 + depth] for seq in sequences], dtype=torch.long)
-            counts = [1 if depth + 1 < n else 0 for n in need]
-            extra = [(dk, dv, torch.ones(1, dk.shape[2], dtype=torch.bool)) for dk, dv in zip(drafted_k, drafted_v)]
+            counts = [1 if depth + 1 < n else 0 for n in need]  # a row wanting fewer tokens stops drafting
+            extra = [(dk, dv, torch.ones(c, dk.shape[2], dtype=torch.bool)) for dk, dv, c in zip(drafted_k, drafted_v, counts)]
             out, k, v = self._run(rows, self._drafted(predicted.unsqueeze(1), tokens.unsqueeze(1)), positions, counts, extra)
             drafted_k = [torch.cat([dk, k[:, r, :, :1]], dim=2) for r, dk in enumerate(drafted_k)]
             drafted_v = [torch.cat([dv, v[:, r, :, :1]], dim=2) for r, dv in enumerate(drafted_v)]

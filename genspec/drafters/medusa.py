@@ -54,18 +54,20 @@ class MedusaDrafter(Drafter):
         for request_id in request_ids:
             self._rows.pop(request_id, None)
 
-    def _see(self, request_id: int, hidden: torch.Tensor | None) -> None:
-        """Keep only the newest of the target's features (the heads read no other)."""
+    def _see(self, request_id: int, hidden: torch.Tensor | None, known: int | None = None) -> None:
+        """Keep only the newest of the target's features (the heads read no other); ``known``: at most
+        that many seen (states handed twice, :class:`DraftRequest`)."""
         if hidden is not None and len(hidden):
             context, seen, _ = self._rows[request_id]
-            self._rows[request_id] = (context, seen + len(hidden), hidden[-1].to(self.dtype))
+            seen = seen + len(hidden) if known is None else min(seen + len(hidden), known)
+            self._rows[request_id] = (context, seen, hidden[-1].to(self.dtype))
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> Draft:
         for request in requests:
             if request.request_id not in self._rows:  # proposed for without start: no features yet
                 self.start([RequestContext(request.request_id, list(request.sequence))])
-            self._see(request.request_id, request.hidden)
+            self._see(request.request_id, request.hidden, len(request.sequence) - 1)
         active = [i for i, r in enumerate(requests)
                   if r.max_tokens > 0 and self._rows[r.request_id][1] == len(r.sequence) - 1 >= 1]
         width = self.max_candidates
