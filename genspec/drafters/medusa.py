@@ -48,19 +48,18 @@ class MedusaDrafter(Drafter):
     def start(self, contexts: list[RequestContext]) -> None:
         for context in contexts:
             self._rows[context.request_id] = (context, 0, None)
-            self._see(context.request_id, context.hidden)
+            self._see(context.request_id, context.hidden, len(context.prompt) - 1)
 
     def finish(self, request_ids: list[int]) -> None:
         for request_id in request_ids:
             self._rows.pop(request_id, None)
 
-    def _see(self, request_id: int, hidden: torch.Tensor | None, known: int | None = None) -> None:
-        """Keep only the newest of the target's features (the heads read no other); ``known``: at most
-        that many seen (states handed twice, :class:`DraftRequest`)."""
+    def _see(self, request_id: int, hidden: torch.Tensor | None, known: int) -> None:
+        """Keep only the newest of the target's features (the heads read no other); at most ``known``
+        (the committed tokens but the last) are counted seen: the same states may come twice (:class:`DraftRequest`)."""
         if hidden is not None and len(hidden):
             context, seen, _ = self._rows[request_id]
-            seen = seen + len(hidden) if known is None else min(seen + len(hidden), known)
-            self._rows[request_id] = (context, seen, hidden[-1].to(self.dtype))
+            self._rows[request_id] = (context, min(seen + len(hidden), known), hidden[-1].to(self.dtype))
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> Draft:
