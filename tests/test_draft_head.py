@@ -337,33 +337,43 @@ def test_the_weak_lookup_joins_the_heads_tree_as_one_more_candidate(tiny_target)
     assert merged.chains(1) == alone.chains(1)  # no match at all: the head's tree alone
 
 
-def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path):
+@pytest.mark.parametrize("token_layers", [0, 1])
+def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path, token_layers):
+    """Also for a head whose committed pairs read the target's first layer (features recorded with it;
+    the saved head runs those layers when it drafts)."""
     target = HFCausalLM(peaked(tiny_llama(0, dtype=torch.float32), scale=4.0))
     sequences = sampled_continuations(target)
-    data = record_features(target, sequences)
+    data = record_features(target, sequences, token_layers=token_layers)
     vocab = choose_vocabulary(sequences, 48)
+    config = replace(SMALL, token_layers=token_layers)
     settings = TrainSettings(steps=60, batch_size=8, sequence_length=32, learning_rate=3e-3, warmup=5,
                              checkpoint_every=30, held_out_every=25)
-    log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=settings)
+    log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=config, settings=settings)
     losses = [entry["loss"] for entry in log["loss"]]
     assert sum(losses[-10:]) / 10 < 0.7 * sum(losses[:10]) / 10
     assert log["held_out_after"]["loss"] < log["held_out_before"]["loss"]
+    assert log["held_out_after"]["agreement"] > log["held_out_before"]["agreement"]
     # the held-out curve: every 25 steps and at the end, the end's figures those of held_out_after
     assert [e["step"] for e in log["held_out_curve"]] == [25, 50, 60]
     assert log["held_out_curve"][-1]["loss"] == log["held_out_after"]["loss"]
     head, vocab_ids, fingerprint, info = load_head(tmp_path / "head")
     assert vocab_ids == vocab and fingerprint == target_fingerprint(target) and info["log"]["settings"]["steps"] == 60
+    assert head.config.token_layers == token_layers
     drafter = HeadDrafter.for_target(target, path=str(tmp_path / "head"))
+    assert (drafter.layer_states is not None) == bool(token_layers)
     prompts = [s[:6] for s in sequences[20:]]
     plain = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
-    spec = SpeculativeEngine(target, drafter).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
+    # fixed draft lengths: the cost policy reads the clock, and on a loaded machine it may stop drafting
+    spec = SpeculativeEngine(target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=3,
+                                                           draft_length="fixed", eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+    assert sum(s.stats.accepted_tokens for s in spec) > 0
 
     # --resume continues from the checkpoint; without it an existing directory is refused
     with pytest.raises(ConfigError, match="holds a trained speculator"):
-        train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=settings)
+        train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=config, settings=settings)
     longer = TrainSettings(**{**settings.__dict__, "steps": 70})
-    log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=SMALL, settings=longer, resume=True)
+    log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=config, settings=longer, resume=True)
     assert [e["step"] for e in log["loss"]] == list(range(1, 71))
 
 
