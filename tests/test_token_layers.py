@@ -17,7 +17,7 @@ from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
 from genspec.models.draft_head import DraftHead, HeadConfig
 from genspec.models.variants import first_layers
-from genspec.train.head import record_features
+from genspec.train.head import Teacher, TrainSettings, head_loss, record_features
 
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, token_layers=1)
 
@@ -97,3 +97,32 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):
         _, drafted = head(pairs, embed(torch.tensor([sequence[1:] + [token]])),
                           torch.cat([states[1:], torch.zeros(1, 64, dtype=states.dtype)]).unsqueeze(0))
     assert torch.allclose(out[0, 0], drafted[0, -1], atol=1e-9)
+
+
+def test_drafted_pairs_train_on_the_heads_own_predicted_features():
+    """EAGLE-3's training-time test: the drafted half of the loss reads, for pair i, the head's prediction of
+    feature i from committed pair i - 1 (what the drafter's first drafted pair reads), not the target's."""
+    head = _head(seed=3)
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(2, 6, 128, generator=generator, dtype=torch.float64)
+    tokens = torch.randint(0, 64, (2, 7), generator=generator)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    table = torch.randn(64, 64, generator=generator, dtype=torch.float64)
+    teacher = Teacher(logits_of=lambda f: f @ table.T, embed=lambda t: table[t], to_local=torch.arange(64))
+    exact, states, wanted = features[:, :-1, :64], features[:, 1:, 64:], features[:, 1:, :64]
+    embeddings = table[tokens[:, 1:-1]]
+    with torch.no_grad():
+        committed, _ = head(exact, embeddings, states)
+        assert torch.allclose(head.committed(exact, states), committed, atol=1e-12)
+        own = torch.cat([exact[:, :1], committed[:, :-1]], dim=1)
+        _, drafted = head(exact, embeddings, states, drafted_features=own)
+        _, with_target_features = head(exact, embeddings, states, drafted_features=exact)
+    quiet = TrainSettings(noise=0.0)
+    loss = head_loss(head, teacher, tokens, features, mask, quiet)[0]
+    regression = lambda predicted: torch.nn.functional.smooth_l1_loss(predicted, wanted, reduction="none").mean()
+    ce = lambda predicted: -(teacher.logits_of(wanted).softmax(-1) * teacher.logits_of(predicted).log_softmax(-1)).sum(-1).mean()
+    half = lambda predicted: regression(predicted) + quiet.classification_weight * ce(predicted)
+    assert torch.allclose(loss, half(committed) + half(drafted), atol=1e-9)
+    old = head_loss(head, teacher, tokens, features, mask, TrainSettings(noise=0.0, own_drafted_features=False))[0]
+    assert torch.allclose(old, half(committed) + half(with_target_features), atol=1e-9)
+    assert not torch.allclose(loss, old)

@@ -161,7 +161,7 @@ class DraftHead(nn.Module):
         ``drafted_features`` if given: noisy ones, standing in for the head's own predictions) after the
         same committed pairs: what the drafter's first and later draft tokens see."""
         n = features.shape[1]
-        positions = torch.arange(n, device=features.device).expand(features.shape[0], -1)
+        positions = self._positions(features)
         if states is None:
             return self.run(self.inputs(features, embeddings), positions, lambda _, q, k, v: self.attend(q, k, v, None))[0]
         drafted = self.inputs(features if drafted_features is None else drafted_features, embeddings)
@@ -171,6 +171,16 @@ class DraftHead(nn.Module):
                           torch.cat([causal.tril(-1), torch.eye(n, dtype=torch.bool, device=features.device)], 1)])
         out = self.run(x, positions.repeat(1, 2), lambda _, q, k, v: self.attend(q, k, v, mask.view(1, 1, 2 * n, 2 * n)))[0]
         return out[:, :n], out[:, n:]
+
+    def committed(self, features: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """Whole sequences of committed pairs only (a head with ``token_layers``): the predicted feature of
+        position i + 1 for each pair i, ``[B, n, H]``, as :meth:`forward`'s first half."""
+        return self.run(self.state_inputs(features, states), self._positions(features),
+                        lambda _, q, k, v: self.attend(q, k, v, None))[0]
+
+    @staticmethod
+    def _positions(features: torch.Tensor) -> torch.Tensor:
+        return torch.arange(features.shape[1], device=features.device).expand(features.shape[0], -1)
 
 
 @dataclass(frozen=True)

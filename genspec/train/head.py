@@ -40,6 +40,9 @@ class TrainSettings:
     weight_decay: float = 0.0
     classification_weight: float = 0.1
     noise: float = 0.1  # uniform noise on input features, in units of their RMS
+    #: a head with ``token_layers``: its drafted pairs read its own predictions of their features (EAGLE-3's
+    #: training-time test) rather than the target's with noise
+    own_drafted_features: bool = True
     checkpoint_every: int = 100
     held_out_every: int = 250  # steps between held-out evaluations (the curve that shows over-fitting; 0: none)
     seed: int = 0
@@ -120,7 +123,16 @@ def head_loss(head: DraftHead, teacher: Teacher, tokens: torch.Tensor, features:
     embeddings = teacher.embed(tokens[:, 1:-1]).to(features.dtype)
     if not head.config.token_layers:
         return feature_loss(head(inputs, embeddings), wanted, teacher, mask, settings)  # predicts f_1..f_{n-1}
-    committed, drafted = head(exact, embeddings, features[:, 1:, hidden:], drafted_features=inputs)
+    states = features[:, 1:, hidden:]
+    drafted_features = inputs
+    if settings.own_drafted_features:
+        # EAGLE-3's training-time test: at run time the first drafted pair reads the head's own prediction
+        # of its feature (from the last committed pair), not the target's, so it trains on that prediction
+        # (pair 0 has none: its noisy feature stays)
+        with torch.no_grad():
+            own = head.committed(exact, states)
+        drafted_features = torch.cat([inputs[:, :1], own[:, :-1]], dim=1)
+    committed, drafted = head(exact, embeddings, states, drafted_features=drafted_features)
     with torch.no_grad():
         target_logits = teacher.logits_of(wanted).float()
     first = feature_loss(committed, wanted, teacher, mask, settings, target_logits)
