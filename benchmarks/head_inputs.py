@@ -23,7 +23,8 @@ loss) with uniform noise on FIRST (what stands in for the head's own predictions
   of layers 3, 9, 14 and the final feature (EAGLE-3's fusion; 1.6 M more weights);
 - SECOND ``embedding``: the embedding of token i + 1 (the shipped input); a layer number L (4 or 6): the target's
   state after its first L layers over token i + 1 (which has attended over the whole context; at run time
-  the engine would run those layers over each token it commits before the head drafts).
+  the engine would run those layers over each token it commits before the head drafts); ``attn6``: the same
+  after its first 6 layers with their MLPs left out (:func:`attention_only`: about 30% of those layers' cost).
 
 Printed every 300 steps: held-out top-1 agreement over all held-out pairs (as ``genspec train`` reports)
 and, at the output positions of ``--outputs`` (the target's own answers: what the engine's first draft
@@ -47,11 +48,33 @@ from genspec.models.draft_head import DraftHead, HeadConfig
 from genspec.train.data import Sequences
 from genspec.train.head import Teacher, TrainSettings, choose_vocabulary, cut_pieces, feature_loss, pad_batch
 
-#: ``hidden_states`` indices kept (outputs of the first 3, 4, 6, 9 and 14 layers), then the final feature
+#: ``hidden_states`` indices kept (outputs of the first 3, 4, 6, 9 and 14 layers), then the final feature,
+#: then the output of the first 6 layers with their MLPs left out ("attn6", :func:`attention_only`)
 LAYERS = (3, 4, 6, 9, 14)
+ATTENTION_ONLY = 6
 #: the columns (in units of the hidden size) of each input part in a recorded feature row
-PART = {**{layer: n for n, layer in enumerate(LAYERS)}, "final": len(LAYERS)}
+PART = {**{layer: n for n, layer in enumerate(LAYERS)}, "final": len(LAYERS), "attn6": len(LAYERS) + 1}
 FUSED = (3, 9, 14, "final")
+
+
+class _NoMLP(nn.Module):
+    def forward(self, x):
+        return torch.zeros_like(x)
+
+
+def attention_only(target, layers: int = ATTENTION_ONLY):
+    """A copy of the target whose first ``layers`` layers have no MLP (a zero MLP output: Gemma 3 norms it to
+    zero, so the residual stream passes on), as an HFCausalLM: its first ``layers`` layers' state is a token's
+    context through attention alone, at about 30% of those layers' weights (1.6 M of 5.6 M per layer on the
+    embedded model)."""
+    import copy
+
+    from genspec.models.hf import HFCausalLM
+
+    model = copy.deepcopy(target.model)
+    for layer in model.model.layers[:layers]:
+        layer.mlp = _NoMLP()
+    return HFCausalLM(model, target.tokenizer)
 
 
 def record(sequences: str, outputs: str, path: str) -> None:
@@ -60,16 +83,27 @@ def record(sequences: str, outputs: str, path: str) -> None:
     data.split(0)
     answers = json.load(open(outputs))
 
+    lean = attention_only(target).model
+    lean.model.layers = lean.model.layers[:ATTENTION_ONLY]  # only its first layers' output is kept
+    kept = {}
+    lean.model.layers[-1].register_forward_hook(
+        lambda module, args, output: kept.update(state=output[0] if isinstance(output, tuple) else output))
+
     def features(seq: list[int]) -> torch.Tensor:
         hidden = target.model(input_ids=torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
-        return torch.cat([hidden[i][0].float() for i in LAYERS] + [hidden[-1][0].float()], -1)
+        lean.model(input_ids=torch.tensor([seq[:-1]]))
+        return torch.cat([hidden[i][0].float() for i in LAYERS] + [hidden[-1][0].float(), kept["state"][0].float()], -1)
 
     started = time.perf_counter()
     with torch.no_grad():
         check = data.sequences[0]
-        same = torch.allclose(target.model.lm_head(features(check)[:, -640:]),
+        same = torch.allclose(target.model.lm_head(columns(features(check), ["final"])),
                               target.model(input_ids=torch.tensor([check[:-1]])).logits[0], atol=1e-3)
         print("last hidden = LM head input:", same, flush=True)
+        full = target.model(input_ids=torch.tensor([check[:-1]]), output_hidden_states=True).hidden_states
+        lean_6 = features(check)[:, PART["attn6"] * 640:]
+        print("attention-only state differs from layer 6's by", float((lean_6 - full[6][0]).norm() / full[6][0].norm()),
+              "(relative)", flush=True)
         train = []
         for n, seq in enumerate(data.sequences):
             train.append((torch.tensor(seq), features(seq)))
@@ -156,7 +190,7 @@ def train(path: str, variant: str, steps: int) -> None:
     saved = torch.load(path, weights_only=False)
     first_name, second_name = variant.split("+")
     first_parts = FUSED if first_name == "fused" else ["final"]
-    second = second_name if second_name == "embedding" else int(second_name)
+    second = second_name if second_name in ("embedding", "attn6") else int(second_name)
     target = genspec.load_model(None)
     vocab = torch.as_tensor(saved["vocab_ids"])
     teacher = Teacher(target.subset_head(vocab), target.model.get_input_embeddings(),
