@@ -158,8 +158,9 @@ class DraftHead(nn.Module):
         feature of position i + 1 for each pair i, ``[B, n, H]``. With ``states`` (a head with
         ``token_layers``): ``(from committed pairs, from drafted pairs)``, each ``[B, n, H]``: pair i as
         committed (its layer state) after committed pairs 0..i-1, and as drafted (its embedding, and
-        ``drafted_features`` if given: noisy ones, standing in for the head's own predictions) after the
-        same committed pairs: what the drafter's first and later draft tokens see."""
+        ``drafted_features`` if given: the trainer's are the head's own predictions, :meth:`committed`, or the
+        target's features with noise) after the same committed pairs: what the drafter's first and later draft
+        tokens see."""
         n = features.shape[1]
         positions = self._positions(features)
         if states is None:
