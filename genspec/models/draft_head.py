@@ -153,35 +153,29 @@ class DraftHead(nn.Module):
         return self.out_norm(x), torch.stack(keys), torch.stack(values)
 
     def forward(self, features: torch.Tensor, embeddings: torch.Tensor, states: torch.Tensor | None = None,
-                drafted_features: torch.Tensor | None = None):
+                drafted_features: torch.Tensor | None = None, own_predictions: bool = False):
         """Whole sequences (causal; right padding is never attended by real positions): the predicted
         feature of position i + 1 for each pair i, ``[B, n, H]``. With ``states`` (a head with
         ``token_layers``): ``(from committed pairs, from drafted pairs)``, each ``[B, n, H]``: pair i as
         committed (its layer state) after committed pairs 0..i-1, and as drafted (its embedding, and
-        ``drafted_features`` if given: the trainer's are the head's own predictions, :meth:`committed`, or the
-        target's features with noise) after the same committed pairs: what the drafter's first and later draft
-        tokens see."""
+        ``drafted_features`` if given, else ``features``) after the same committed pairs: what the drafter's
+        first and later draft tokens see. ``own_predictions``: drafted pair i > 0 reads instead the committed
+        half's prediction of feature i (from pair i - 1, not differentiated), as the first drafted pair does
+        at run time (EAGLE-3's training-time test)."""
         n = features.shape[1]
-        positions = self._positions(features)
+        positions = torch.arange(n, device=features.device).expand(features.shape[0], -1)
         if states is None:
             return self.run(self.inputs(features, embeddings), positions, lambda _, q, k, v: self.attend(q, k, v, None))[0]
-        drafted = self.inputs(features if drafted_features is None else drafted_features, embeddings)
-        x = torch.cat([self.state_inputs(features, states), drafted], dim=1)
+        committed, keys, values = self.run(self.state_inputs(features, states), positions,
+                                           lambda _, q, k, v: self.attend(q, k, v, None))
+        read = features if drafted_features is None else drafted_features
+        if own_predictions:
+            read = torch.cat([read[:, :1], committed[:, :-1].detach()], dim=1)
         causal = torch.ones(n, n, dtype=torch.bool, device=features.device).tril()
-        mask = torch.cat([torch.cat([causal, torch.zeros_like(causal)], 1),  # committed: earlier committed pairs
-                          torch.cat([causal.tril(-1), torch.eye(n, dtype=torch.bool, device=features.device)], 1)])
-        out = self.run(x, positions.repeat(1, 2), lambda _, q, k, v: self.attend(q, k, v, mask.view(1, 1, 2 * n, 2 * n)))[0]
-        return out[:, :n], out[:, n:]
-
-    def committed(self, features: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-        """Whole sequences of committed pairs only (a head with ``token_layers``): the predicted feature of
-        position i + 1 for each pair i, ``[B, n, H]``, as :meth:`forward`'s first half."""
-        return self.run(self.state_inputs(features, states), self._positions(features),
-                        lambda _, q, k, v: self.attend(q, k, v, None))[0]
-
-    @staticmethod
-    def _positions(features: torch.Tensor) -> torch.Tensor:
-        return torch.arange(features.shape[1], device=features.device).expand(features.shape[0], -1)
+        mask = torch.cat([causal.tril(-1), torch.eye(n, dtype=torch.bool, device=features.device)], 1).view(1, 1, n, 2 * n)
+        drafted = self.run(self.inputs(read, embeddings), positions, lambda layer, q, k, v: self.attend(
+            q, torch.cat([keys[layer], k], dim=2), torch.cat([values[layer], v], dim=2), mask))[0]
+        return committed, drafted
 
 
 @dataclass(frozen=True)

@@ -123,16 +123,9 @@ def head_loss(head: DraftHead, teacher: Teacher, tokens: torch.Tensor, features:
     embeddings = teacher.embed(tokens[:, 1:-1]).to(features.dtype)
     if not head.config.token_layers:
         return feature_loss(head(inputs, embeddings), wanted, teacher, mask, settings)  # predicts f_1..f_{n-1}
-    states = features[:, 1:, hidden:]
-    drafted_features = inputs
-    if settings.own_drafted_features:
-        # EAGLE-3's training-time test: at run time the first drafted pair reads the head's own prediction
-        # of its feature (from the last committed pair), not the target's, so it trains on that prediction
-        # (pair 0 has none: its noisy feature stays)
-        with torch.no_grad():
-            own = head.committed(exact, states)
-        drafted_features = torch.cat([inputs[:, :1], own[:, :-1]], dim=1)
-    committed, drafted = head(exact, embeddings, states, drafted_features=drafted_features)
+    # own_drafted_features: EAGLE-3's training-time test (pair 0 has no prediction: its noisy feature stays)
+    committed, drafted = head(exact, embeddings, features[:, 1:, hidden:], drafted_features=inputs,
+                              own_predictions=settings.own_drafted_features)
     with torch.no_grad():
         target_logits = teacher.logits_of(wanted).float()
     first = feature_loss(committed, wanted, teacher, mask, settings, target_logits)
