@@ -279,6 +279,7 @@ class _Request:
                                   bias=StepStatistics.zero() if config.measure_bias else None)
         self.started_at = 0.0
         self.reads_hidden = drafter is not None and drafter.reads_target_hidden
+        self.hidden_layers = drafter.target_hidden_layers if self.reads_hidden else ()  # beyond the final states
         self.coupled = config.rule == "coupled" and not self.sampling.greedy  # verified by the coupled rule
         self.pending_hidden: list[torch.Tensor] = []  # the target's hidden states not yet handed to the drafter
 
@@ -534,10 +535,12 @@ class SpeculativeEngine:
         if not joining:
             return
         started = time.perf_counter()
+        layers = _hidden_layers(joining)
         hidden = self.target.add_rows([r.prompt[:-1] for r in joining],
-                                      return_hidden=any(r.reads_hidden for r in joining))
+                                      return_hidden=any(r.reads_hidden for r in joining), hidden_layers=layers)
         self.costs.observe_prefill(sum(len(r.prompt) - 1 for r in joining), time.perf_counter() - started)
-        hidden_of = {r.id: h for r, h in zip(joining, hidden)} if hidden is not None else {}
+        hidden_of = ({r.id: _own_hidden(h, layers, r.hidden_layers) for r, h in zip(joining, hidden)}
+                     if hidden is not None else {})
         for drafter, requests in _by_drafter(joining):
             drafter.start([RequestContext(r.id, list(r.prompt), r.sampling, r.random.draft_generator,
                                           dict(r.config.drafter_options), hidden_of.get(r.id) if r.reads_hidden else None,
@@ -686,7 +689,9 @@ class SpeculativeEngine:
             requests = [DraftRequest(r.id, r.sequence, 0) for r in group.requests]
             prefix = group.requests[0].drafter.verify_prefix(self.target, requests, tokens, valid)
         reads_hidden = any(r.reads_hidden for g in groups for r in g.requests)
-        logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix, return_hidden=reads_hidden)
+        layers = _hidden_layers([r for g in groups for r in g.requests])
+        logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix, return_hidden=reads_hidden,
+                                     hidden_layers=layers)
         if reads_hidden:
             logits, hidden = logits
         bad = unusable_rows(logits, valid)
@@ -704,7 +709,7 @@ class SpeculativeEngine:
             group.verdict = self._accept(group, logits[torch.tensor(group.rows), :group.block.tokens.shape[1]])
             for request, row, path in zip(group.requests, group.rows, group.verdict.path):
                 if request.reads_hidden:  # the kept path's states: those of the tokens now committed
-                    request.pending_hidden.append(hidden[row, path[path >= 0]])
+                    request.pending_hidden.append(_own_hidden(hidden[row, path[path >= 0]], layers, request.hidden_layers))
         record.verify_time_s = time.perf_counter() - started
         record.batch_size, record.block_width = batch, width
         self.costs.observe_verify(width, record.verify_time_s, batch)
@@ -887,6 +892,20 @@ def _by_drafter(requests: list[_Request]) -> list[tuple[Drafter, list[_Request]]
         if request.drafter is not None:
             groups.setdefault(id(request.drafter), (request.drafter, []))[1].append(request)
     return list(groups.values())
+
+
+def _hidden_layers(requests: list[_Request]) -> tuple[int, ...]:
+    """The target layers whose states some of these requests' drafters read with the final ones."""
+    return tuple(sorted({layer for r in requests for layer in r.hidden_layers}))
+
+
+def _own_hidden(hidden: torch.Tensor, layers: tuple[int, ...], own: tuple[int, ...]) -> torch.Tensor:
+    """A request's part of hidden states ``[..., H * (1 + len(layers))]`` (final, then ``layers``): the
+    final states, then those of its drafter's layers ``own``."""
+    if tuple(own) == layers:
+        return hidden
+    parts = hidden.chunk(1 + len(layers), dim=-1)
+    return torch.cat([parts[0]] + [parts[1 + layers.index(layer)] for layer in own], -1)
 
 
 def _config(config: GenerationConfig | None, overrides: dict) -> GenerationConfig:

@@ -24,11 +24,14 @@ from genspec.train.head import TrainSettings, choose_vocabulary, record_features
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
 
 
-def _head(seed: int = 0, dtype=torch.float64, layers: int = 1, token_layers: int = 0) -> DraftHead:
+def _head(seed: int = 0, dtype=torch.float64, layers: int = 1, token_layers: int = 0,
+          feature_layers: tuple[int, ...] = ()) -> DraftHead:
     """A random head; with ``token_layers`` its committed pairs read the target's first layers
-    (tests/test_token_layers.py tests that reading itself)."""
+    (tests/test_token_layers.py tests that reading itself), with ``feature_layers`` a fusion of the target's
+    final feature and those layers' outputs (tests/test_feature_layers.py)."""
     torch.manual_seed(seed)
-    return DraftHead(replace(SMALL, num_layers=layers, token_layers=token_layers)).to(dtype).eval()
+    return DraftHead(replace(SMALL, num_layers=layers, token_layers=token_layers,
+                             feature_layers=feature_layers)).to(dtype).eval()
 
 
 class _Recorder(Drafter):
@@ -114,13 +117,14 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target, layers):
     assert row.cached == 9
 
 
-@pytest.mark.parametrize("batch, layers, token_layers", [(1, 1, 0), (4, 1, 0), (4, 2, 0), (1, 1, 1), (3, 1, 1)])
-def test_greedy_head_drafting_equals_plain_decoding(tiny_target, batch, layers, token_layers):
+@pytest.mark.parametrize("batch, layers, token_layers, fused", [(1, 1, 0, ()), (4, 1, 0, ()), (4, 2, 0, ()), (1, 1, 1, ()),
+                                                                 (3, 1, 1, ()), (3, 1, 0, (1,)), (3, 1, 1, (1,))])
+def test_greedy_head_drafting_equals_plain_decoding(tiny_target, batch, layers, token_layers, fused):
     prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4], [11, 12, 13, 14, 15, 16]][:batch]
     plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())
     # a head that copies the target's features would agree everywhere; a random one mostly disagrees:
     # equality must hold either way
-    drafter = HeadDrafter(tiny_target, _head(layers=layers, token_layers=token_layers),
+    drafter = HeadDrafter(tiny_target, _head(layers=layers, token_layers=token_layers, feature_layers=fused),
                           choose_vocabulary([p.token_ids for p in plain], 40), tree_nodes=0)
     spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=24, num_draft_tokens=3,
                                                                 eos_token_ids=())
@@ -255,27 +259,29 @@ def test_pruned_tree_drafting_gives_the_unpruned_tree_with_fewer_head_runs(tiny_
     assert pairs[0] < pairs[1]
 
 
-@pytest.mark.parametrize("batch, layers, token_layers", [(1, 1, 0), (3, 1, 0), (3, 2, 0), (3, 1, 1)])
-def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch, layers, token_layers):
+@pytest.mark.parametrize("batch, layers, token_layers, fused", [(1, 1, 0, ()), (3, 1, 0, ()), (3, 2, 0, ()), (3, 1, 1, ()),
+                                                                 (3, 1, 0, (1,))])
+def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch, layers, token_layers, fused):
     prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]][:batch]
     plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
-    drafter = HeadDrafter(tiny_target, _head(layers=layers, token_layers=token_layers), list(range(3, 64)),
-                          tree_nodes=8, tree_top_k=3)
+    drafter = HeadDrafter(tiny_target, _head(layers=layers, token_layers=token_layers, feature_layers=fused),
+                          list(range(3, 64)), tree_nodes=8, tree_top_k=3)
     spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=4,
                                                                 eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
     assert sum(s.stats.drafted_tokens for s in spec) > 0
 
 
-@pytest.mark.parametrize("tree_nodes, seed, token_layers", [(0, 21, 0), (6, 22, 0), (0, 31, 1), (6, 32, 1)])
-def test_head_sampling_is_lossless(tree_nodes, seed, token_layers):
+@pytest.mark.parametrize("tree_nodes, seed, token_layers, fused", [(0, 21, 0, ()), (6, 22, 0, ()), (0, 31, 1, ()),
+                                                                   (6, 32, 1, ()), (0, 41, 0, (1,))])
+def test_head_sampling_is_lossless(tree_nodes, seed, token_layers, fused):
     """Chi-square of the joint law of the first 3 generated tokens against the exact target law
     (temperature 0.7, top-k 8, top-p 0.9 on draft and target alike; N = 20,000, cells with expected
     count < 5 pooled; fail if p < 1e-3), sampled chains and dynamic trees of 6 deterministic nodes, a head
-    over 8 of the 12 tokens (so its law differs: rejections really happen); heads on the embedding and
-    on the target's first layer."""
+    over 8 of the 12 tokens (so its law differs: rejections really happen); heads on the embedding, on
+    the target's first layer, and (a sampled chain) on its final feature fused with its first layer's output."""
     head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
-                                token_layers=token_layers))
+                                token_layers=token_layers, feature_layers=fused))
     pvalue, acceptance = lossless_pvalue(
         lambda target: HeadDrafter(target, head.to(torch.float64), list(range(8)), tree_nodes=tree_nodes, tree_top_k=3),
         SamplingConfig(temperature=0.7, top_k=8, top_p=0.9), seed=seed, layers=2)
@@ -337,15 +343,16 @@ def test_the_weak_lookup_joins_the_heads_tree_as_one_more_candidate(tiny_target)
     assert merged.chains(1) == alone.chains(1)  # no match at all: the head's tree alone
 
 
-@pytest.mark.parametrize("token_layers", [0, 1])
-def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path, token_layers):
+@pytest.mark.parametrize("token_layers, fused", [(0, ()), (1, ()), (0, (1,))])
+def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path, token_layers, fused):
     """Also for a head whose committed pairs read the target's first layer (features recorded with it;
-    the saved head runs those layers when it drafts)."""
+    the saved head runs those layers when it drafts), and one whose committed pairs fuse the target's first
+    layer's output with its final feature (the engine hands them over)."""
     target = HFCausalLM(peaked(tiny_llama(0, dtype=torch.float32), scale=4.0))
     sequences = sampled_continuations(target)
-    data = record_features(target, sequences, token_layers=token_layers)
+    data = record_features(target, sequences, token_layers=token_layers, feature_layers=fused)
     vocab = choose_vocabulary(sequences, 48)
-    config = replace(SMALL, token_layers=token_layers)
+    config = replace(SMALL, token_layers=token_layers, feature_layers=fused)
     settings = TrainSettings(steps=60, batch_size=8, sequence_length=32, learning_rate=3e-3, warmup=5,
                              checkpoint_every=30, held_out_every=25)
     log = train_head(target, data[:20], data[20:], vocab, tmp_path / "head", config=config, settings=settings)
@@ -358,9 +365,9 @@ def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path, token_laye
     assert log["held_out_curve"][-1]["loss"] == log["held_out_after"]["loss"]
     head, vocab_ids, fingerprint, info = load_head(tmp_path / "head")
     assert vocab_ids == vocab and fingerprint == target_fingerprint(target) and info["log"]["settings"]["steps"] == 60
-    assert head.config.token_layers == token_layers
+    assert head.config.token_layers == token_layers and head.config.feature_layers == fused
     drafter = HeadDrafter.for_target(target, path=str(tmp_path / "head"))
-    assert (drafter.layer_states is not None) == bool(token_layers)
+    assert (drafter.layer_states is not None) == bool(token_layers) and drafter.target_hidden_layers == fused
     prompts = [s[:6] for s in sequences[20:]]
     plain = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
     # fixed draft lengths: the cost policy reads the clock, and on a loaded machine it may stop drafting
@@ -413,12 +420,13 @@ def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_d
     out = tmp_path / "head"
     argv = ["train", "head", "--model", str(tiny_model_dir), "--out", str(out), "--steps", "6", "--prompts", "4",
             "--max-new-tokens", "16", "--vocab-size", "64", "--data", str(corpus), "--layers", "2",
-            "--token-layers", "1"]
+            "--token-layers", "1", "--feature-layers", "1"]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "head written to" in err and "held-out acceptance" in err
     head, _, _, info = load_head(out)
     assert head.config.num_layers == 2 and len(head.layers) == 2 and head.config.token_layers == 1
+    assert head.config.feature_layers == (1,)
     assert info["training_tokens"] > 0 and 0.0 <= info["held_out_acceptance"]["first_token_acceptance"] <= 1.0
     assert len(info["held_out_acceptance"]["acceptance_per_position"]) == 5
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "the cat sat", "--max-new-tokens", "12", "--json"]
@@ -445,6 +453,8 @@ def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_d
                                             (["--layers", "0"], "--layers must be >= 1"),
                                             (["--token-layers", "-1"], "--token-layers must be >= 0"),
                                             (["--token-layers", "2"], "--token-layers must be below the target's 2 layers"),
+                                            (["--feature-layers", "2"], "--feature-layers must be distinct layers in 1..1"),
+                                            (["--feature-layers", "1,x"], "comma-separated layer numbers"),
                                             (["--data", "/no/such/file.txt"], "training data not found")])
 def test_genspec_train_head_bad_input_is_one_line(capsys, tmp_path, tiny_model_dir, extra, message):
     from genspec.cli import main

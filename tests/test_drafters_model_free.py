@@ -183,7 +183,7 @@ class CopyModel(CausalLM):
         self._rows = list(range(batch_size))  # the document of each row
         self._added = batch_size
 
-    def add_rows(self, prefixes, return_hidden=False):  # rows take the documents in the order they join
+    def add_rows(self, prefixes, return_hidden=False, hidden_layers=()):  # rows take the documents in the order they join
         if return_hidden:
             raise ConfigError("CopyModel has no hidden states")
         self._rows += [(self._added + i) % len(self.documents) for i in range(len(prefixes))]
@@ -198,7 +198,8 @@ class CopyModel(CausalLM):
     def hidden_states(self, tokens, valid=None, tree_mask=None):
         raise NotImplementedError
 
-    def forward(self, tokens, valid=None, tree_mask=None, last_only=False, prefix=None, return_hidden=False):
+    def forward(self, tokens, valid=None, tree_mask=None, last_only=False, prefix=None, return_hidden=False,
+                hidden_layers=()):
         if return_hidden:
             raise ConfigError("CopyModel has no hidden states")
         batch, width = tokens.shape

@@ -177,10 +177,11 @@ def test_early_exit_engine_reuses_the_draft_layers(build, monkeypatch):
     used = []
     original = HFCausalLM.forward
 
-    def spy(self, tokens, valid=None, tree_mask=None, last_only=False, prefix=None, return_hidden=False):
+    def spy(self, tokens, valid=None, tree_mask=None, last_only=False, prefix=None, return_hidden=False,
+            hidden_layers=()):
         if self is target and not last_only:  # verify passes (the prefill is last_only)
             used.append((tokens.shape[1] > 1, prefix is not None))
-        return original(self, tokens, valid, tree_mask, last_only, prefix, return_hidden)
+        return original(self, tokens, valid, tree_mask, last_only, prefix, return_hidden, hidden_layers)
 
     monkeypatch.setattr(HFCausalLM, "forward", spy)
     engine = SpeculativeEngine(target, DraftModelDrafter(variants.early_exit(target, 2)))

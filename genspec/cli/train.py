@@ -56,6 +56,9 @@ def add_parser(subparsers) -> None:
             p.add_argument("--token-layers", type=int, default=DEFAULT_TOKEN_LAYERS, metavar="L",
                            help="a committed pair reads the target's state after its first L layers over the "
                                 "next token instead of its embedding (default %(default)s: the embedding, EAGLE's)")
+            p.add_argument("--feature-layers", default="", metavar="L1,L2,...",
+                           help="a committed pair's feature fuses the target's final one with the outputs of these "
+                                "layers (EAGLE-3's: e.g. 3,9,14 of 18; default: the final feature only)")
         if kind == "medusa":
             p.add_argument("--num-heads", type=int, default=4, help="heads (the longest draft)")
         if kind == "draft":
@@ -97,6 +100,17 @@ def _sequences(args, target, out: Path, console, progress):
     return data
 
 
+def _layer_list(text: str, num_layers: int) -> tuple[int, ...]:
+    """``--feature-layers``: distinct layer numbers 1 .. num_layers - 1, comma-separated (empty: none)."""
+    try:
+        layers = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"--feature-layers takes comma-separated layer numbers, got {text!r}") from None
+    if len(set(layers)) != len(layers) or not all(0 < layer < num_layers for layer in layers):
+        raise ConfigError(f"--feature-layers must be distinct layers in 1..{num_layers - 1}, got {text!r}")
+    return layers
+
+
 def _fingerprint(target) -> str:
     from genspec.models.draft_head import target_fingerprint
 
@@ -135,20 +149,22 @@ def run(args) -> int:
     token_layers = getattr(args, "token_layers", 0)
     if token_layers >= target.num_layers:
         raise ConfigError(f"--token-layers must be below the target's {target.num_layers} layers, got {token_layers}")
+    feature_layers = _layer_list(getattr(args, "feature_layers", ""), target.num_layers)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
         data = _sequences(args, target, out, console, progress)
         task = progress.add_task("target features", total=len(data.sequences))
         features = record_features(target, data.sequences, progress=lambda n: progress.advance(task, n),
-                                   token_layers=token_layers)
+                                   token_layers=token_layers, feature_layers=feature_layers)
         train = [features[i] for i in data.train]
         held = [features[i] for i in data.held_out]
         vocab = choose_vocabulary([data.sequences[i] for i in data.train], args.vocab_size, target.eos_token_ids)
         task = progress.add_task("training", total=args.steps)
         settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
         tokens = sum(len(f) for _, f in train)
-        config = {"head": lambda: HeadConfig(target.config.hidden_size, num_layers=args.layers, token_layers=token_layers),
+        config = {"head": lambda: HeadConfig(target.config.hidden_size, num_layers=args.layers, token_layers=token_layers,
+                                             feature_layers=feature_layers),
                   "medusa": lambda: MedusaConfig(target.config.hidden_size, args.num_heads),
                   "draft": lambda: DraftConfig(target.config.hidden_size, len(vocab) + 1, width=args.width,
                                                num_layers=args.layers, max_positions=target.max_context or 8192)

@@ -32,7 +32,8 @@ class RequestContext:
     whatever else is in the batch); ``options`` are per-request drafter options, among the drafter's
     :attr:`Drafter.request_options`. ``hidden``: for a drafter that :attr:`~Drafter.reads_target_hidden`,
     the target's hidden states (its LM head's inputs) of every prompt token but the last,
-    ``[len(prompt) - 1, H]``; None for the others. ``noise``: for a request verified by the coupled rule,
+    ``[len(prompt) - 1, H]`` (followed by those of its :attr:`~Drafter.target_hidden_layers`: ``[..., H * (1 +
+    len(layers))]``); None for the others. ``noise``: for a request verified by the coupled rule,
     its per-position noise; a drafter that samples draws its token at output position t (``len(sequence)
     - len(prompt)``) from it (:func:`draw_tokens` does), so that draft and target are coupled. None for
     the others.
@@ -52,7 +53,8 @@ class DraftRequest:
     """One row of a :meth:`Drafter.propose` call: propose up to ``max_tokens`` tokens after ``sequence``
     (prompt and generated tokens so far). ``max_tokens`` may be 0 (nothing wanted from this row).
     ``hidden``: for a drafter that :attr:`~Drafter.reads_target_hidden`, the target's hidden states of
-    the tokens committed since this request's last proposal (or its start), ``[n, H]``, in order; with
+    the tokens committed since this request's last proposal (or its start), ``[n, H]`` (wider with
+    :attr:`~Drafter.target_hidden_layers`, as in :class:`RequestContext`), in order; with
     the earlier ones they cover every token of ``sequence`` but the last. None for the others. The same
     states may come twice: when a batch's proposal raises, the engine proposes for each row alone with
     the same requests, so a drafter keeps at most ``len(sequence) - 1`` states."""
@@ -256,6 +258,9 @@ class Drafter(ABC):
     #: the drafter reads the target's hidden states (EAGLE-style heads): the engine then asks the target
     #: for them and hands them over in :attr:`RequestContext.hidden` and :attr:`DraftRequest.hidden`
     reads_target_hidden: bool = False
+    #: such a drafter's hidden states also hold the outputs of these target layers (1 <= l < its layer count,
+    #: after the final states along the last axis: EAGLE-3's fused features; see :meth:`CausalLM.forward`)
+    target_hidden_layers: tuple[int, ...] = ()
     #: for a sampled request the drafter draws its drafts from a law it hands to the verifier (a draft model,
     #: a head's chain), with :func:`draw_tokens`. Under the standard rule a seeded request's tokens then
     #: depend on where its drafts stop, so the engine verifies seeded requests of such a drafter with the

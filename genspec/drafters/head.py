@@ -29,10 +29,10 @@ class _Row:
     """One request: its context, the target's features by position, the states of its tokens (a head with
     ``token_layers``), the head's cache of committed pairs."""
 
-    def __init__(self, context: RequestContext, hidden_size: int, empty: torch.Tensor):
+    def __init__(self, context: RequestContext, hidden_size: int, feature_width: int, empty: torch.Tensor):
         self.context = context
         self.features = (context.hidden if context.hidden is not None
-                         else torch.zeros(0, hidden_size, dtype=empty.dtype, device=empty.device))
+                         else torch.zeros(0, feature_width, dtype=empty.dtype, device=empty.device))
         self.states = torch.zeros(0, hidden_size, dtype=empty.dtype, device=empty.device)
         self.keys, self.values = empty, empty  # [layers, kv_heads, cached pairs, head_dim]
 
@@ -61,7 +61,9 @@ class HeadDrafter(Drafter):
     lookup trees are); chains are sampled from the draft law when the request samples.
 
     A head trained with ``token_layers`` = L reads the target's first L layers over each committed token
-    (:class:`genspec.drafters.layer_states.LayerStates`, run here before drafting: part of the draft cost)."""
+    (:class:`genspec.drafters.layer_states.LayerStates`, run here before drafting: part of the draft cost);
+    one trained with ``feature_layers`` reads those target layers' outputs with the final features (they
+    come with the verify pass: :attr:`target_hidden_layers`)."""
 
     name = "head"
     free = False
@@ -89,6 +91,7 @@ class HeadDrafter(Drafter):
         config = head.config
         self._empty = torch.zeros(config.num_layers, config.num_kv_heads, 0, config.head_dim, dtype=self.dtype,
                                   device=self.device)
+        self.target_hidden_layers = config.feature_layers
         self._rows: dict[int, _Row] = {}
         self.layer_states = LayerStates(target, config.token_layers) if config.token_layers else None
 
@@ -101,7 +104,8 @@ class HeadDrafter(Drafter):
     # --------------------------------------------------------------- life cycle
     def start(self, contexts: list[RequestContext]) -> None:
         for context in contexts:
-            self._rows[context.request_id] = _Row(context, self.head.config.hidden_size, self._empty)
+            self._rows[context.request_id] = _Row(context, self.head.config.hidden_size, self.head.config.feature_width,
+                                                  self._empty)
 
     def finish(self, request_ids: list[int]) -> None:
         for request_id in request_ids:
@@ -117,7 +121,7 @@ class HeadDrafter(Drafter):
     def _run(self, rows: list[_Row], x: torch.Tensor, positions: torch.Tensor,
              counts: list[int], extra: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None):
         """The head on a block of pairs per row (their first-layer inputs ``x`` ``[R, n, H]``, from
-        :meth:`_drafted`, or ``DraftHead.state_inputs`` for committed pairs of a head with ``token_layers``;
+        :meth:`_drafted`, or ``DraftHead.committed_inputs`` for committed pairs;
         ``positions`` ``[R, n]``; the first ``counts[r]`` real),
         attending over each row's cache and, with
         ``extra``, per row ``(keys, values, mask)``: drafted pairs after the cache (``[L, kv_heads, E, d]``)
@@ -159,7 +163,7 @@ class HeadDrafter(Drafter):
         counts = [len(seq) - 1 - s for seq, s in zip(sequences, starts)]
         n = max(counts)
         hidden = self.head.config.hidden_size
-        features = torch.zeros(len(rows), n, hidden, dtype=self.dtype, device=self.device)
+        features = torch.zeros(len(rows), n, self.head.config.feature_width, dtype=self.dtype, device=self.device)
         tokens = torch.zeros(len(rows), n, dtype=torch.long, device=self.device)
         states = (torch.zeros(len(rows), n, hidden, dtype=self.dtype, device=self.device)
                   if self.layer_states is not None else None)
@@ -170,7 +174,7 @@ class HeadDrafter(Drafter):
             if states is not None:
                 states[r, :count] = row.states[start + 1:start + 1 + count]
         positions = torch.tensor(starts, dtype=torch.long).unsqueeze(1) + torch.arange(n)
-        x = self._drafted(features, tokens) if states is None else self.head.state_inputs(features, states)
+        x = self.head.committed_inputs(features, self.embed(tokens).to(self.dtype), states)
         out, k, v = self._run(rows, x, positions, counts)
         for r, (row, count) in enumerate(zip(rows, counts)):
             row.keys = torch.cat([row.keys, k[:, r, :, :count]], dim=2)

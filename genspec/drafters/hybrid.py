@@ -104,6 +104,7 @@ class HybridDrafter(Drafter):
         self.max_candidates = max(lookup.max_candidates, self.fallback.max_candidates)
         self.samples_drafts = head.samples_drafts
         self.default_draft_tokens = lookup.default_draft_tokens
+        self.target_hidden_layers = head.target_hidden_layers  # the head's: they reach it with this proposal
 
     @classmethod
     def for_target(cls, target, path: str | None = None, lookup: str = DEFAULT_LOOKUP, min_match: int = 3,

@@ -54,11 +54,13 @@ class CausalLM(ABC):
         """Forget every sequence; hold ``batch_size`` empty rows."""
 
     @abstractmethod
-    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False) -> list[torch.Tensor] | None:
+    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False,
+                 hidden_layers: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
         """Append one row per prefix, holding its tokens (a prefill run on the new rows only; the other
         rows keep their caches). Empty prefixes give empty rows. With ``return_hidden``, the final hidden
         states (the LM head's inputs) of each prefix, ``[len(prefix), H]`` per row (models without
-        hidden states raise :class:`genspec.errors.ConfigError`)."""
+        hidden states raise :class:`genspec.errors.ConfigError`), followed along the last axis by those of
+        ``hidden_layers`` as in :meth:`forward`."""
 
     @abstractmethod
     def remove_rows(self, rows: list[int]) -> None:
@@ -77,9 +79,12 @@ class CausalLM(ABC):
     @abstractmethod
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False,
-                prefix: PrefixKV | None = None, return_hidden: bool = False):
+                prefix: PrefixKV | None = None, return_hidden: bool = False, hidden_layers: tuple[int, ...] = ()):
         """Append ``tokens`` ``[B, n]`` to each row and return logits ``[B, n, V]`` (with
-        ``return_hidden``: ``(logits, hidden)``, the final hidden states ``[B, n, H]`` too).
+        ``return_hidden``: ``(logits, hidden)``, the final hidden states ``[B, n, H]`` too; with
+        ``hidden_layers`` as well, the outputs of those decoder layers follow them along the last axis,
+        ``[B, n, H * (1 + len(hidden_layers))]``: layer l's is the residual stream after the first l layers,
+        transformers' ``hidden_states[l]``, 1 <= l < the number of layers; EAGLE-3's fused features).
 
         ``valid`` ``[B, n]`` marks real tokens (padding is right-aligned per row and is not kept).
         ``tree_mask`` ``[B, n, n]`` bool: entry (i, j) says new token i may see new token j (its

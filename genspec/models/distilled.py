@@ -75,8 +75,8 @@ class DistilledLM(HFCausalLM):
         self._to_local = local_ids(vocab_ids, full_vocab_size, self.device)
         self.vocab_size = full_vocab_size
 
-    def hidden_states(self, tokens, valid=None, tree_mask=None, prefix=None):
-        return super().hidden_states(self._to_local[tokens.to(self.device)], valid, tree_mask, prefix)
+    def hidden_states(self, tokens, valid=None, tree_mask=None, prefix=None, layers=()):
+        return super().hidden_states(self._to_local[tokens.to(self.device)], valid, tree_mask, prefix, layers)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         local = super().head(hidden)[..., :-1]

@@ -40,6 +40,18 @@ class HeadConfig:
     #: 0: a committed pair's second part is the embedding of token i + 1 (EAGLE's); L > 0: the target's
     #: state after its first L layers over token i + 1 (drafted pairs keep the embedding: see DraftHead)
     token_layers: int = 0
+    #: (): a committed pair's first part is the target's final feature at i (EAGLE's); layers l1, l2, ...: a
+    #: fusion of the final feature and the outputs of those target layers at i (EAGLE-3's; drafted pairs read
+    #: the head's own predicted feature: see DraftHead)
+    feature_layers: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "feature_layers", tuple(int(layer) for layer in self.feature_layers))
+
+    @property
+    def feature_width(self) -> int:
+        """Columns of a committed pair's target features (the final feature, then ``feature_layers``')."""
+        return self.hidden_size * (1 + len(self.feature_layers))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -107,7 +119,14 @@ class DraftHead(nn.Module):
     projection, and attend over the committed pairs as at run time (:meth:`forward` with ``states``). On the
     embedded model, same data and 600 steps, layer 6's state lifts the first token's agreement with the
     target's answers from 0.427 to 0.485 (top 2: 0.510 to 0.587; ``python benchmarks/head_inputs.py``,
-    benchmarks/results/head_inputs/)."""
+    benchmarks/results/head_inputs/).
+
+    With ``config.feature_layers`` a committed pair's first part fuses the target's final feature with the
+    outputs of those of its layers (EAGLE-3: ``Linear(concat(RMSNorm(part)))``, the engine hands them over,
+    :attr:`genspec.drafters.base.Drafter.target_hidden_layers`); a drafted pair, where the target never ran,
+    reads the head's own predicted feature instead, so such a head too trains committed and drafted pairs
+    apart. Same data and 600 steps, layers 3, 9, 14 lift held-out top-1 agreement from 0.426 to 0.454
+    (benchmarks/results/multilayer_features/)."""
 
     kind = "head"
 
@@ -121,6 +140,10 @@ class DraftHead(nn.Module):
         if config.token_layers:
             self.state_norm = nn.RMSNorm(hidden, eps=config.eps)
             self.state_fc = nn.Linear(2 * hidden, hidden, bias=False)
+        if config.feature_layers:
+            parts = 1 + len(config.feature_layers)
+            self.part_norms = nn.ModuleList(nn.RMSNorm(hidden, eps=config.eps) for _ in range(parts))
+            self.fuse = nn.Linear(parts * hidden, hidden, bias=False)
         self.layers = nn.ModuleList(HeadLayer(config) for _ in range(config.num_layers))
         self.out_norm = nn.RMSNorm(hidden, eps=config.eps)
 
@@ -132,6 +155,23 @@ class DraftHead(nn.Module):
         """The first layer's input ``[B, n, H]`` from committed pairs (feature, next token's layer state),
         for a head with ``token_layers``."""
         return self.state_fc(torch.cat([self.feature_norm(features), self.state_norm(states)], dim=-1))
+
+    @property
+    def splits(self) -> bool:
+        """Committed and drafted pairs read different inputs (:meth:`committed_inputs`), so training runs both."""
+        return bool(self.config.token_layers or self.config.feature_layers)
+
+    def committed_inputs(self, features: torch.Tensor, embeddings: torch.Tensor,
+                         states: torch.Tensor | None = None) -> torch.Tensor:
+        """The first layer's input ``[B, n, H]`` from committed pairs: the target's features at i ``[B, n,
+        config.feature_width]`` (fused with ``feature_layers``) and the next token's embedding, or its layer
+        state (``states``, with ``token_layers``)."""
+        if self.config.feature_layers:
+            parts = features.split(self.config.hidden_size, dim=-1)
+            features = self.fuse(torch.cat([norm(part) for norm, part in zip(self.part_norms, parts)], dim=-1))
+        if self.config.token_layers:
+            return self.state_inputs(features, states)
+        return self.inputs(features, embeddings)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention of ``q`` ``[B, heads, n, d]`` over ``k`` / ``v`` ``[B, kv_heads, T, d]`` with a bool
@@ -155,20 +195,21 @@ class DraftHead(nn.Module):
     def forward(self, features: torch.Tensor, embeddings: torch.Tensor, states: torch.Tensor | None = None,
                 drafted_features: torch.Tensor | None = None, own_predictions: bool = False):
         """Whole sequences (causal; right padding is never attended by real positions): the predicted
-        feature of position i + 1 for each pair i, ``[B, n, H]``. With ``states`` (a head with
-        ``token_layers``): ``(from committed pairs, from drafted pairs)``, each ``[B, n, H]``: pair i as
-        committed (its layer state) after committed pairs 0..i-1, and as drafted (its embedding, and
-        ``drafted_features`` if given, else ``features``) after the same committed pairs: what the drafter's
-        first and later draft tokens see. ``own_predictions``: drafted pair i > 0 reads instead the committed
+        feature of position i + 1 for each pair i, ``[B, n, H]``. A head that :attr:`splits` returns
+        ``(from committed pairs, from drafted pairs)``, each ``[B, n, H]``: pair i as committed
+        (:meth:`committed_inputs` of ``features`` ``[B, n, config.feature_width]``, ``embeddings`` and
+        ``states``, the next tokens' layer states for a head with ``token_layers``) after committed pairs
+        0..i-1, and as drafted (its embedding, and ``drafted_features`` if given, else the final features)
+        after the same committed pairs: what the drafter's first and later draft tokens see. ``own_predictions``: drafted pair i > 0 reads instead the committed
         half's prediction of feature i (from pair i - 1, not differentiated), as the first drafted pair does
         at run time (EAGLE-3's training-time test)."""
         n = features.shape[1]
         positions = torch.arange(n, device=features.device).expand(features.shape[0], -1)
-        if states is None:
+        if not self.splits:
             return self.run(self.inputs(features, embeddings), positions, lambda _, q, k, v: self.attend(q, k, v, None))[0]
-        committed, keys, values = self.run(self.state_inputs(features, states), positions,
+        committed, keys, values = self.run(self.committed_inputs(features, embeddings, states), positions,
                                            lambda _, q, k, v: self.attend(q, k, v, None))
-        read = features if drafted_features is None else drafted_features
+        read = features[..., :self.config.hidden_size] if drafted_features is None else drafted_features
         if own_predictions:
             read = torch.cat([read[:, :1], committed[:, :-1].detach()], dim=1)
         causal = torch.ones(n, n, dtype=torch.bool, device=features.device).tril()

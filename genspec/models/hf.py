@@ -187,7 +187,8 @@ class HFCausalLM(CausalLM):
         self._block_start = 0
 
     @torch.inference_mode()
-    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False) -> list[torch.Tensor] | None:
+    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False,
+                 hidden_layers: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
         """Prefill the new rows in a cache of their own, then append that cache's rows to this one
         (holes pad the shorter of the two along the slot axis): one copy of the cache per join, as a
         decode step's ``torch.cat`` costs anyway."""
@@ -195,15 +196,16 @@ class HFCausalLM(CausalLM):
             return [] if return_hidden else None
         held = (self.cache, self.slot_positions, self._lengths)
         self.reset(len(prefixes))
-        width = max(len(p) for p in prefixes)
-        hidden = [torch.zeros(0, self.config.hidden_size, dtype=self.dtype, device=self.device)] * len(prefixes)
-        if width:
-            tokens = torch.zeros(len(prefixes), width, dtype=torch.long)
-            valid = torch.zeros(len(prefixes), width, dtype=torch.bool)
+        longest = max(len(p) for p in prefixes)
+        width = self.config.hidden_size * (1 + len(hidden_layers))
+        hidden = [torch.zeros(0, width, dtype=self.dtype, device=self.device)] * len(prefixes)
+        if longest:
+            tokens = torch.zeros(len(prefixes), longest, dtype=torch.long)
+            valid = torch.zeros(len(prefixes), longest, dtype=torch.bool)
             for row, prefix in enumerate(prefixes):
                 tokens[row, :len(prefix)] = torch.as_tensor(prefix, dtype=torch.long)
                 valid[row, :len(prefix)] = True
-            states, _ = self.hidden_states(tokens, valid)
+            states, _ = self.hidden_states(tokens, valid, layers=hidden_layers)
             self.commit_all(valid)
             hidden = [states[row, :len(prefix)] for row, prefix in enumerate(prefixes)]
         added_cache, added_slots, added_lengths = self.cache, self.slot_positions, self._lengths
@@ -373,9 +375,14 @@ class HFCausalLM(CausalLM):
 
     def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                       tree_mask: torch.Tensor | None = None,
-                      prefix: PrefixKV | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      prefix: PrefixKV | None = None, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the decoder on a new block; returns final hidden states ``[B, n, H]`` and ``valid``.
-        With ``prefix`` the first layers come ready-made (see :class:`PrefixKV`)."""
+        With ``prefix`` the first layers come ready-made (see :class:`PrefixKV`); with ``layers``, those
+        layers' outputs follow the final states along the last axis (see :meth:`CausalLM.forward`)."""
+        layers = tuple(layers)
+        if layers and (prefix is not None or not all(0 < layer < len(self._decoder.layers) for layer in layers)):
+            raise ConfigError(f"hidden states of layers {list(layers)} are not available from this "
+                              f"{len(self._decoder.layers)}-layer model" + (" with a prefix" if prefix is not None else ""))
         tokens = tokens.to(self.device)
         batch, n = tokens.shape
         if batch != self._lengths.shape[0]:
@@ -397,7 +404,8 @@ class HFCausalLM(CausalLM):
         with torch.inference_mode():
             if prefix is None:
                 out = self._decoder(input_ids=tokens, attention_mask=self._mask_argument(masks),
-                                    position_ids=query_positions, use_cache=True, **{self._cache_kwarg: self.cache})
+                                    position_ids=query_positions, use_cache=True, output_hidden_states=bool(layers),
+                                    **{self._cache_kwarg: self.cache})
             else:
                 out = self._tail(prefix.num_layers)(
                     inputs_embeds=prefix.hidden.to(self.device, self.dtype), attention_mask=self._mask_argument(masks),
@@ -405,6 +413,8 @@ class HFCausalLM(CausalLM):
                 for layer, (keys, values) in enumerate(zip(prefix.keys, prefix.values)):
                     self.cache.update(keys.to(self.device), values.to(self.device), layer)
         self.slot_positions = torch.cat([self.slot_positions, torch.full_like(tokens, -1)], dim=1)
+        if layers:
+            return torch.cat([out.last_hidden_state] + [out.hidden_states[layer] for layer in layers], -1), valid
         return out.last_hidden_state, valid
 
     def _tail(self, start: int):
@@ -418,9 +428,10 @@ class HFCausalLM(CausalLM):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False,
-                prefix: PrefixKV | None = None, return_hidden: bool = False):
+                prefix: PrefixKV | None = None, return_hidden: bool = False, hidden_layers: tuple[int, ...] = ()):
         """See :meth:`CausalLM.forward`; ``prefix``: layers already computed by an early-exit draft."""
-        hidden, valid = self.hidden_states(tokens, valid, tree_mask, prefix)
+        states, valid = self.hidden_states(tokens, valid, tree_mask, prefix, hidden_layers)
+        hidden = states[..., :self.config.hidden_size]
         if last_only:
             last = valid.long().cumsum(-1).argmax(-1)  # index of the last valid token
             hidden = hidden[torch.arange(hidden.shape[0], device=self.device), last].unsqueeze(1)
@@ -432,7 +443,7 @@ class HFCausalLM(CausalLM):
             # token's cost (models/head.py has the kernel timings), and padding is never read
             logits = hidden.new_zeros(*hidden.shape[:-1], self.vocab_size)
             logits[valid] = self.head(hidden[valid]).to(logits.dtype)
-        return (logits, hidden) if return_hidden else logits
+        return (logits, states) if return_hidden else logits
 
     @torch.inference_mode()
     def commit_all(self, valid: torch.Tensor | None = None) -> None:

@@ -46,9 +46,9 @@ class EarlyExitModel(HFCausalLM):
         super().reset(batch_size)
         self._exit_hidden: list[dict[int, torch.Tensor]] = [{} for _ in range(batch_size)]
 
-    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False):
+    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False, hidden_layers: tuple[int, ...] = ()):
         held = self._exit_hidden
-        hidden = super().add_rows(prefixes, return_hidden)  # resets, prefills the new rows (recording theirs), merges
+        hidden = super().add_rows(prefixes, return_hidden, hidden_layers)  # resets, prefills the new rows (recording theirs), merges
         self._exit_hidden = held + self._exit_hidden
         return hidden
 
@@ -57,15 +57,16 @@ class EarlyExitModel(HFCausalLM):
         gone = set(rows)
         self._exit_hidden = [r for i, r in enumerate(self._exit_hidden) if i not in gone] if self.num_rows else []
 
-    def hidden_states(self, tokens, valid=None, tree_mask=None, prefix=None):
+    def hidden_states(self, tokens, valid=None, tree_mask=None, prefix=None, layers=()):
         before = self._lengths.clone()
-        hidden, valid = super().hidden_states(tokens, valid, tree_mask, prefix)
+        hidden, valid = super().hidden_states(tokens, valid, tree_mask, prefix, layers)
+        final = hidden[..., :self.config.hidden_size]
         if tree_mask is None:  # chains: position = row length + index among the valid tokens
             positions = before.unsqueeze(1) + valid.long().cumsum(-1) - 1
             for row in range(hidden.shape[0]):
                 record, last = self._exit_hidden[row], int(before[row]) + int(valid[row].sum())
                 for j in valid[row].nonzero().flatten().tolist()[-self.KEEP:]:
-                    record[int(positions[row, j])] = hidden[row, j]
+                    record[int(positions[row, j])] = final[row, j]
                 for position in [p for p in record if p < last - self.KEEP]:
                     del record[position]
         return hidden, valid

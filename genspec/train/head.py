@@ -40,7 +40,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     classification_weight: float = 0.1
     noise: float = 0.1  # uniform noise on input features, in units of their RMS
-    #: a head with ``token_layers``: its drafted pairs read its own predictions of their features (EAGLE-3's
+    #: a head with ``token_layers`` or ``feature_layers``: its drafted pairs read its own predictions of their features (EAGLE-3's
     #: training-time test) rather than the target's with noise
     own_drafted_features: bool = True
     checkpoint_every: int = 100
@@ -61,23 +61,26 @@ class Teacher:
 
 def record_features(target, sequences: list[list[int]], batch_size: int = 8,
                     progress: Callable[[int], None] | None = None,
-                    token_layers: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                    token_layers: int = 0, feature_layers: tuple[int, ...] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``(tokens [n], features [n, H])`` per sequence: the target's feature at every position but the
     last (whose successor is unknown, so it teaches nothing), as the engine hands them to drafters.
-    With ``token_layers`` = L, ``features`` is ``[n, 2H]``: then the state after the target's first L
-    layers at each position, as :class:`genspec.drafters.layer_states.LayerStates` computes it at run time."""
+    With ``feature_layers``, the outputs of those target layers follow it (``[n, H * (1 + len)]``, as the
+    engine hands them to a head with ``feature_layers``); with ``token_layers`` = L, then the state after
+    the target's first L layers at each position, as :class:`genspec.drafters.layer_states.LayerStates`
+    computes it at run time."""
     from genspec.models.variants import first_layers
 
     models = [target] + ([first_layers(target, token_layers)] if token_layers else [])
+    layers = [tuple(feature_layers)] + [()] * (len(models) - 1)
     out = []
     for start in range(0, len(sequences), batch_size):
         batch = [s for s in sequences[start:start + batch_size] if len(s) >= 3]
         if not batch:
             continue
         parts = []
-        for model in models:
+        for model, wanted in zip(models, layers):
             model.reset(0)
-            parts.append(model.add_rows([s[:-1] for s in batch], return_hidden=True))
+            parts.append(model.add_rows([s[:-1] for s in batch], return_hidden=True, hidden_layers=wanted))
         for n, seq in enumerate(batch):
             features = torch.cat([part[n].detach().to(torch.float32) for part in parts], -1).clone()
             out.append((torch.tensor(seq, dtype=torch.long), features))
@@ -110,21 +113,23 @@ def head_loss(head: DraftHead, teacher: Teacher, tokens: torch.Tensor, features:
               mask: torch.Tensor, settings: TrainSettings, generator: torch.Generator | None = None):
     """``(loss, regression, classification, top-1 agreement)`` on a padded batch: ``tokens`` ``[B, n + 1]``,
     ``features`` ``[B, n, H]`` (f_0..f_{n-1}), ``mask`` ``[B, n - 1]`` the pairs with a known next feature.
-    A head with ``token_layers`` takes ``features`` ``[B, n, 2H]`` (:func:`record_features`) and learns its
-    committed pairs (exact features, the next token's layer state) and its drafted pairs (noisy features,
-    the embedding) at once; the figures but the loss are then its committed pairs' (the first draft token)."""
-    hidden = head.config.hidden_size
-    exact, wanted = features[:, :-1, :hidden], features[:, 1:, :hidden]
-    inputs = exact
+    A head with ``token_layers`` or ``feature_layers`` takes wider ``features`` (:func:`record_features`)
+    and learns its committed pairs (exact features, fused with ``feature_layers``; the next token's
+    embedding or layer state) and its drafted pairs (its own predicted features, or noisy ones, and the
+    embedding) at once; the figures but the loss are then its committed pairs' (the first draft token)."""
+    hidden, width = head.config.hidden_size, head.config.feature_width
+    exact, wanted = features[:, :-1, :width], features[:, 1:, :hidden]
+    inputs = exact[..., :hidden]
     if settings.noise and generator is not None:
         scale = inputs.pow(2).mean(-1, keepdim=True).sqrt()
         noise = torch.rand(inputs.shape, generator=generator, dtype=inputs.dtype) * 2 - 1
         inputs = inputs + settings.noise * scale * noise
     embeddings = teacher.embed(tokens[:, 1:-1]).to(features.dtype)
-    if not head.config.token_layers:
+    if not head.splits:
         return feature_loss(head(inputs, embeddings), wanted, teacher, mask, settings)  # predicts f_1..f_{n-1}
     # own_drafted_features: EAGLE-3's training-time test (pair 0 has no prediction: its noisy feature stays)
-    committed, drafted = head(exact, embeddings, features[:, 1:, hidden:], drafted_features=inputs,
+    states = features[:, 1:, width:] if head.config.token_layers else None
+    committed, drafted = head(exact, embeddings, states, drafted_features=inputs,
                               own_predictions=settings.own_drafted_features)
     with torch.no_grad():
         target_logits = teacher.logits_of(wanted).float()
