@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tiny_models import tiny_llama
+from tiny_models import draft_one_pair, tiny_llama
 
 from genspec.drafters.base import Draft, Drafter, RequestContext
 from genspec.drafters.head import HeadDrafter
@@ -124,14 +124,12 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):
     assert torch.allclose(second[0], committed[0, 8], atol=1e-9)
     token = 17
     with torch.no_grad():
-        out, _, _ = drafter._run([row], drafter._drafted(second.view(1, 1, -1), torch.tensor([[token]])),
-                                 torch.tensor([[len(sequence) - 1]]), [1],
-                                 [(drafter._empty, drafter._empty, torch.ones(1, 0, dtype=torch.bool))])
         # the forward's drafted pair i reads drafted_features[i]: here the predicted feature at the end
         pairs = torch.cat([features, torch.zeros(1, 128, dtype=features.dtype)]).unsqueeze(0)
         drafted_features = torch.cat([features[:, :64], second.view(1, -1)]).unsqueeze(0)
         _, drafted = head(pairs, embed(torch.tensor([sequence[1:] + [token]])), drafted_features=drafted_features)
-    assert torch.allclose(out[0, 0], drafted[0, -1], atol=1e-9)
+    out = draft_one_pair(drafter, row, second, len(sequence) - 1, token)
+    assert torch.allclose(out, drafted[0, -1], atol=1e-9)
 
 
 def test_recorded_features_hold_the_final_features_then_the_layers_then_the_token_states(tiny_target):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tiny_models import tiny_llama
+from tiny_models import draft_one_pair, tiny_llama
 
 from genspec.drafters.base import RequestContext
 from genspec.drafters.head import HeadDrafter
@@ -90,13 +90,11 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):
     # one drafted pair after the committed ones: the forward's drafted half at that position
     token = 17
     with torch.no_grad():
-        out, _, _ = drafter._run([row], drafter._drafted(second.view(1, 1, -1), torch.tensor([[token]])),
-                                 torch.tensor([[len(sequence) - 1]]), [1],
-                                 [(drafter._empty, drafter._empty, torch.ones(1, 0, dtype=torch.bool))])
         pairs = torch.cat([features, second]).unsqueeze(0)
         _, drafted = head(pairs, embed(torch.tensor([sequence[1:] + [token]])),
                           torch.cat([states[1:], torch.zeros(1, 64, dtype=states.dtype)]).unsqueeze(0))
-    assert torch.allclose(out[0, 0], drafted[0, -1], atol=1e-9)
+    out = draft_one_pair(drafter, row, second, len(sequence) - 1, token)
+    assert torch.allclose(out, drafted[0, -1], atol=1e-9)
 
 
 def test_drafted_pairs_train_on_the_heads_own_predicted_features():

@@ -90,3 +90,13 @@ def sampled_continuations(target, count: int = 24, length: int = 40, seed: int =
     results = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=length, temperature=0.8, seed=seed,
                                                      eos_token_ids=())
     return [p + r.token_ids for p, r in zip(prompts, results)]
+
+
+def draft_one_pair(drafter, row, feature: torch.Tensor, position: int, token: int) -> torch.Tensor:
+    """A head drafter's predicted feature ``[H]`` from one drafted pair (``feature``, ``token``) at
+    ``position``, after the committed pairs in ``row``'s cache (what its forward's drafted half gives)."""
+    with torch.no_grad():
+        out, _, _ = drafter._run([row], drafter._drafted(feature.view(1, 1, -1), torch.tensor([[token]])),
+                                 torch.tensor([[position]]), [1],
+                                 [(drafter._empty, drafter._empty, torch.ones(1, 0, dtype=torch.bool))])
+    return out[0, 0]
