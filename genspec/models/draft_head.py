@@ -200,9 +200,10 @@ class DraftHead(nn.Module):
         (:meth:`committed_inputs` of ``features`` ``[B, n, config.feature_width]``, ``embeddings`` and
         ``states``, the next tokens' layer states for a head with ``token_layers``) after committed pairs
         0..i-1, and as drafted (its embedding, and ``drafted_features`` if given, else the final features)
-        after the same committed pairs: what the drafter's first and later draft tokens see. ``own_predictions``: drafted pair i > 0 reads instead the committed
-        half's prediction of feature i (from pair i - 1, not differentiated), as the first drafted pair does
-        at run time (EAGLE-3's training-time test)."""
+        after the same committed pairs: what the drafter's first and later draft tokens see.
+        ``own_predictions``: drafted pair i > 0 reads instead the committed half's prediction of feature i
+        (from pair i - 1, not differentiated), as the first drafted pair does at run time (EAGLE-3's
+        training-time test)."""
         n = features.shape[1]
         positions = torch.arange(n, device=features.device).expand(features.shape[0], -1)
         if not self.splits:

@@ -40,8 +40,8 @@ class TrainSettings:
     weight_decay: float = 0.0
     classification_weight: float = 0.1
     noise: float = 0.1  # uniform noise on input features, in units of their RMS
-    #: a head with ``token_layers`` or ``feature_layers``: its drafted pairs read its own predictions of their features (EAGLE-3's
-    #: training-time test) rather than the target's with noise
+    #: a head with ``token_layers`` or ``feature_layers``: its drafted pairs read its own predictions of their
+    #: features (EAGLE-3's training-time test) rather than the target's with noise
     own_drafted_features: bool = True
     checkpoint_every: int = 100
     held_out_every: int = 250  # steps between held-out evaluations (the curve that shows over-fitting; 0: none)
