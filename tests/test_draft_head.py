@@ -272,6 +272,38 @@ def test_greedy_tree_drafting_equals_plain_decoding(tiny_target, batch, layers, 
     assert sum(s.stats.drafted_tokens for s in spec) > 0
 
 
+def test_a_wide_first_level_keeps_the_most_likely_first_tokens_and_stays_a_tree():
+    """``best_paths(..., first=3)``: the 3 most likely first tokens are kept although a deeper node outranks
+    the third; the rest of the budget goes by rank; every kept node's parent is kept; leaves by rank."""
+    from genspec.drafters.trained import TreeNode, best_paths
+
+    log = torch.tensor([0.5, 0.2, 0.1, 0.05, 0.9, 0.8]).log().tolist()
+    nodes = [TreeNode(10 + i, -1, 1, log[i]) for i in range(4)]  # first tokens, scores 0.5 .. 0.05
+    nodes += [TreeNode(20, 0, 2, log[0] + log[4]), TreeNode(21, 4, 3, log[0] + log[4] + log[5])]  # 0.45, 0.36
+    assert best_paths(nodes, 4) == [[10, 20, 21], [11]]
+    assert best_paths(nodes, 4, first=3) == [[10, 20], [11], [12]]
+    assert best_paths(nodes, 5, first=3) == [[10, 20, 21], [11], [12]]
+    assert best_paths(nodes, 2, first=3) == [[10], [11]]  # never more than the budget
+
+
+@pytest.mark.parametrize("nodes, top_k, first", [(4, 4, 3), (6, 3, 2)])
+def test_greedy_wide_first_level_trees_equal_plain_decoding(tiny_target, nodes, top_k, first):
+    prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]]
+    plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
+    drafter = HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=nodes, tree_top_k=top_k, tree_first=first)
+    spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=20, num_draft_tokens=4,
+                                                                eos_token_ids=())
+    assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+    assert sum(s.stats.drafted_tokens for s in spec) > 0
+
+
+@pytest.mark.parametrize("options", [dict(tree_first=5), dict(tree_first=-1), dict(tree_nodes=2, tree_first=3),
+                                     dict(tree_first=1.5)])
+def test_a_first_level_wider_than_the_tree_is_a_clear_error(tiny_target, options):
+    with pytest.raises(ConfigError, match="tree_first"):
+        HeadDrafter(tiny_target, _head(), list(range(3, 64)), **options)
+
+
 @pytest.mark.parametrize("tree_nodes, seed, token_layers, fused", [(0, 21, 0, ()), (6, 22, 0, ()), (0, 31, 1, ()),
                                                                    (6, 32, 1, ()), (0, 41, 0, (1,))])
 def test_head_sampling_is_lossless(tree_nodes, seed, token_layers, fused):

@@ -49,6 +49,13 @@ class _Row:
 #: bench --methods "head,head:tree_nodes=4,hybrid,hybrid:tree_nodes=4" --skip-prompts 2 --num-prompts 1
 #: --repeats 1 [--temperature 0.7 --top-p 0.9]``); 6 nodes and ``tree_top_k=2`` were slower (1.37x, 1.40x).
 DEFAULT_TREE_NODES = 4
+#: the tree keeps this many of the most likely first tokens whatever deeper nodes score (a wide first
+#: level, as Sequoia's trees have). Off by default: it does not lift the shipped head's first token, whose
+#: misses are mostly tokens outside its top 4 (the 3rd prompt of each category, 128 tokens, 2-core AMD
+#: EPYC, 2026-11-27: the first level kept 0.52 of the time with the default tree, 0.54 / 0.55 with 2 / 3
+#: first tokens kept; ``genspec bench --methods "head,head:tree_first=2,head:tree_first=3,head:tree_nodes=6:tree_first=3"
+#: --skip-prompts 2 --num-prompts 1 --repeats 1``, benchmarks/results/tree_first_unmeasured)
+DEFAULT_TREE_FIRST = 0
 
 
 class HeadDrafter(Drafter):
@@ -57,7 +64,8 @@ class HeadDrafter(Drafter):
     tree (EAGLE-2): at each depth the
     ``tree_top_k`` most likely nodes so far (by cumulative draft probability) are expanded into their
     ``tree_top_k`` most likely tokens, and the ``tree_nodes`` most likely nodes are verified, each
-    root-to-leaf path a candidate. Tree candidates are deterministic (lossless under sampling too, as
+    root-to-leaf path a candidate; ``tree_first`` (default 0) of them are the most likely first tokens
+    whatever deeper nodes score. Tree candidates are deterministic (lossless under sampling too, as
     lookup trees are); chains are sampled from the draft law when the request samples.
 
     A head trained with ``token_layers`` = L reads the target's first L layers over each committed token
@@ -71,10 +79,12 @@ class HeadDrafter(Drafter):
     draft_cost_prior = FEATURE_HEAD_COST_PRIOR
 
     def __init__(self, target, head: DraftHead, vocab_ids: list[int], tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4,
-                 fast_kernels: bool = True):
+                 tree_first: int = DEFAULT_TREE_FIRST, fast_kernels: bool = True):
         if int(tree_nodes) != tree_nodes or tree_nodes < 0 or int(tree_top_k) != tree_top_k or tree_top_k < 1:
             raise ConfigError(f"tree_nodes must be an integer >= 0 and tree_top_k >= 1, got {tree_nodes}, {tree_top_k}")
-        self.tree_nodes, self.tree_top_k = int(tree_nodes), int(tree_top_k)
+        if int(tree_first) != tree_first or not 0 <= tree_first <= min(tree_top_k, max(tree_nodes, 1)):
+            raise ConfigError(f"tree_first must be an integer from 0 to min(tree_top_k, tree_nodes), got {tree_first}")
+        self.tree_nodes, self.tree_top_k, self.tree_first = int(tree_nodes), int(tree_top_k), int(tree_first)
         self.max_candidates = max(1, self.tree_nodes)
         self.samples_drafts = not self.tree_nodes  # a chain is drawn from the draft law; a tree is deterministic
         self.device, self.dtype = target.device, target.dtype
@@ -97,9 +107,9 @@ class HeadDrafter(Drafter):
 
     @classmethod
     def for_target(cls, target, path: str | None = None, tree_nodes: int = DEFAULT_TREE_NODES,
-                   tree_top_k: int = 4) -> "HeadDrafter":
+                   tree_top_k: int = 4, tree_first: int = DEFAULT_TREE_FIRST) -> "HeadDrafter":
         head, vocab_ids = load_for_target(target, path, "head")
-        return cls(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k)
+        return cls(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k, tree_first=tree_first)
 
     # --------------------------------------------------------------- life cycle
     def start(self, contexts: list[RequestContext]) -> None:
@@ -307,4 +317,4 @@ class HeadDrafter(Drafter):
                     node.state = (out[r, j], k[:, r, :, j:j + 1], v[:, r, :, j:j + 1])  # predicted feature, keys, values
                     expanded[r].append(i)
                     frontier[r] += grow(r, i, values[r][j], indices[r][j], node.score, depth)
-        return [best_paths(row_nodes, self.tree_nodes) for row_nodes in nodes]
+        return [best_paths(row_nodes, self.tree_nodes, self.tree_first) for row_nodes in nodes]

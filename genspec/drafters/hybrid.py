@@ -21,7 +21,7 @@ keeps whichever path it agrees with (several drafts verified together).
 from __future__ import annotations
 
 from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
-from genspec.drafters.head import DEFAULT_TREE_NODES, HeadDrafter
+from genspec.drafters.head import DEFAULT_TREE_FIRST, DEFAULT_TREE_NODES, HeadDrafter
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.drafters.suffix import SuffixDrafter
 from genspec.errors import ConfigError
@@ -84,7 +84,7 @@ class HeadAndWeakLookup(Drafter):
 class HybridDrafter(Drafter):
     """Options: ``path`` (the head), ``lookup`` (``suffix``, the default, or ``prompt-lookup``),
     ``min_match`` (the lookup match length that wins, default 3), ``merge_weak`` (a shorter match's chain
-    joins the head's tree, default true), ``tree_nodes`` / ``tree_top_k`` (the head's tree); other options
+    joins the head's tree, default true), ``tree_nodes`` / ``tree_top_k`` / ``tree_first`` (the head's tree); other options
     go to the lookup (``max_ngram`` for prompt lookup, ``factor``, ``num_candidates``, ... for suffix)."""
 
     name = "hybrid"
@@ -108,12 +108,14 @@ class HybridDrafter(Drafter):
 
     @classmethod
     def for_target(cls, target, path: str | None = None, lookup: str = DEFAULT_LOOKUP, min_match: int = 3,
-                   tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4, merge_weak: bool = MERGE_WEAK,
+                   tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4, tree_first: int = DEFAULT_TREE_FIRST,
+                   merge_weak: bool = MERGE_WEAK,
                    **lookup_options) -> "HybridDrafter":
         if lookup not in LOOKUPS:
             raise ConfigError(f"unknown lookup {lookup!r} for the hybrid; choose from {', '.join(LOOKUPS)}")
         return cls(LOOKUPS[lookup].for_target(target, **lookup_options),
-                   HeadDrafter.for_target(target, path=path, tree_nodes=tree_nodes, tree_top_k=tree_top_k), min_match, merge_weak)
+                   HeadDrafter.for_target(target, path=path, tree_nodes=tree_nodes, tree_top_k=tree_top_k,
+                                          tree_first=tree_first), min_match, merge_weak)
 
     def start(self, contexts: list[RequestContext]) -> None:
         self.lookup.start(contexts)

@@ -67,15 +67,18 @@ def ancestors(nodes: list[TreeNode], index: int) -> set[int]:
     return out
 
 
-def best_paths(nodes: list[TreeNode], budget: int) -> list[list[int]]:
+def best_paths(nodes: list[TreeNode], budget: int, first: int = 0) -> list[list[int]]:
     """The ``budget`` most likely nodes (each kept with its parent: a tree), as root-to-leaf token
-    paths, most likely leaf first."""
-    kept: list[int] = []
-    for i in sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth)):
+    paths, most likely leaf first; the ``first`` most likely first tokens are kept whatever deeper nodes
+    score (a wide first level: see :class:`genspec.drafters.head.HeadDrafter`'s ``tree_first``)."""
+    ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))
+    kept: list[int] = [i for i in ranked if nodes[i].parent < 0][:min(first, budget)]
+    for i in ranked:
         if len(kept) == budget:
             break
-        if nodes[i].parent < 0 or nodes[i].parent in kept:
+        if i not in kept and (nodes[i].parent < 0 or nodes[i].parent in kept):
             kept.append(i)
+    kept.sort(key=ranked.index)
     parents = {nodes[i].parent for i in kept}
     paths = []
     for leaf in (i for i in kept if i not in parents):
