@@ -480,21 +480,32 @@ class DraftLength:
 class RowPlan:
     """One row of a batch step for :func:`plan`: its policy (None: no drafter), the evidence behind its
     proposal, ``cap`` the most tokens it can draft (what a free drafter proposed, or the room left),
-    ``draft_cost`` its drafter's cost per position (None: free)."""
+    ``draft_cost`` its drafter's cost per position (None: free), ``block`` the draft tokens a draft of each
+    depth puts in its verify block (:meth:`Drafter.block_tokens`; None: the depth, a chain's)."""
 
     policy: DraftLength | None
     evidence: object = None
     cap: int = 0
     draft_cost: DraftCost | None = None
+    block: Callable[[int], int] | None = None
+
+    def width(self, depth: int) -> int:
+        """The draft tokens this row adds to the verify block when it drafts ``depth`` deep."""
+        return self.block(depth) if self.block is not None and depth > 0 else depth
 
 
 def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     """Draft lengths for one batch step. Rows with a fixed or heuristic policy draft their own k. For
-    each block width W the cost rows draft ``min(W - 1, cap)`` tokens: a free drafter's rows always
-    (their tokens fill a block that is W wide anyway), a costly drafter's rows together if that raises
-    the batch's expected tokens per unit of time (its drafting costs time); the best W is kept if it
+    each depth d the cost rows draft ``min(d, cap)`` tokens: a free drafter's rows always
+    (their tokens fill a block that is that wide anyway), a costly drafter's rows together if that raises
+    the batch's expected tokens per unit of time (its drafting costs time); the best d is kept if it
     beats plain decoding by ``MARGIN``. Time: the block's verify cost in plain steps of
     this batch, plus each costly drafter's time for its longest draft (its pass serves all its rows).
+    A row's block is what its drafter says a draft of that depth puts in it (``RowPlan.block``): a tree of
+    4 nodes makes a 5-token block at every depth, so its one-token draft is no cheaper to verify than a
+    4-deep one. (Priced as a chain, 2 tokens, the fused + 3-token-layer head's tree was planned one token
+    deep at every step and ran at 1.33x against 1.65x for drafting 4 deep always, on Spec-Bench prompts
+    the benchmark does not measure: benchmarks/results/fused_l3_ttt_unmeasured, fused_l3_ttt_fixed_unmeasured.)
 
     Exploring: a block wider than any measured for this batch size is priced by extrapolation, which
     may be wrong and, if too dear, would never be corrected. If such a width would beat the choice
@@ -526,7 +537,10 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
                 cost, most = longest.get(id(r.draft_cost), (r.draft_cost, 0))
                 longest[id(r.draft_cost)] = (cost, max(most, k))
         draft_steps = sum(c.steps(step) * k for c, k in longest.values())
-        return tokens / (relative(1 + max(lengths)) + draft_steps)
+        return tokens / (relative(block_width(lengths)) + draft_steps)
+
+    def block_width(lengths: list[int]) -> int:
+        return 1 + max(r.width(k) for r, k in zip(rows, lengths))
 
     best, best_rate = list(ks), rate(ks) * (MARGIN if not any(ks) else 1.0)
     top = 1 + max(min(rows[i].cap, rows[i].policy.k_max) for i in costed)
@@ -536,35 +550,34 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
         if rows[i].draft_cost is not None:
             by_drafter.setdefault(id(rows[i].draft_cost), []).append(i)
 
-    def fill(width: int, relative) -> tuple[list[int], float]:
-        """The lengths for a block ``width`` wide and their rate (verify costs from ``relative``)."""
+    def fill(depth: int, relative) -> tuple[list[int], float]:
+        """The lengths for drafts at most ``depth`` deep and their rate (verify costs from ``relative``)."""
         trial = list(ks)
         for i in free:  # free tokens in a block that is this wide anyway
-            trial[i] = min(width - 1, rows[i].cap, rows[i].policy.k_max)
+            trial[i] = min(depth, rows[i].cap, rows[i].policy.k_max)
         current = rate(trial, relative)
         for group in by_drafter.values():  # a costly drafter drafts for its rows, or not at all
             candidate = list(trial)
             for i in group:
-                candidate[i] = min(width - 1, rows[i].cap, rows[i].policy.k_max)
+                candidate[i] = min(depth, rows[i].cap, rows[i].policy.k_max)
             value = rate(candidate, relative)
             if value > current:
                 trial, current = candidate, value
         return trial, current
 
     unmeasured = []  # (lengths, rate at the optimistic price) of blocks wider than any measured
-    for width in range(2, top + 1):
-        trial, current = fill(width, estimated)
+    for depth in range(1, top):
+        trial, current = fill(depth, estimated)
         if current > best_rate:
             best, best_rate = trial, current
-        if width > widest:
-            trial, current = fill(width, optimistic)
-            if 1 + max(trial) > widest:
-                unmeasured.append((trial, current))
+        trial, current = fill(depth, optimistic)
+        if block_width(trial) > widest:
+            unmeasured.append((trial, current))
     # explore the widest block that could win: once it is measured, every narrower width is interpolated,
     # so an engine explores about once per batch size (exploring the best-looking width instead measured
     # one width more each time, 4, 5, 6, ... 9: six failed drafts of 4 to 8 tokens over the first
     # requests at T 0.7, each costing 1.5-2 plain steps)
     winners = [trial for trial, current in unmeasured if current > best_rate]
-    if winners and 1 + max(best) <= widest and costs.explore_due(batch):  # (a best that is unmeasured explores)
-        return max(winners, key=max)
+    if winners and block_width(best) <= widest and costs.explore_due(batch):  # (a best that is unmeasured explores)
+        return max(winners, key=block_width)
     return best

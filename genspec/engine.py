@@ -578,7 +578,9 @@ class SpeculativeEngine:
             for i, (row, request) in enumerate(zip(rows, requests)):
                 costly = drafter is not None and (not drafter.free or i in group.fallback_rows)
                 draft_cost = self.draft_costs[request.drafter_name] if costly else None
-                rows_plan[row] = RowPlan(request.policy, group.evidence[i], caps[i], draft_cost)
+                drafting = (drafter if not drafter.free else drafter.fallback) if costly else None
+                rows_plan[row] = RowPlan(request.policy, group.evidence[i], caps[i], draft_cost,
+                                         drafting.block_tokens if drafting is not None else None)
             groups.append(group)
         planned = plan(rows_plan, self.costs)
         for group in groups:

@@ -295,6 +295,15 @@ def test_greedy_wide_first_level_trees_equal_plain_decoding(tiny_target, nodes, 
                                                                 eos_token_ids=())
     assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
     assert sum(s.stats.drafted_tokens for s in spec) > 0
+    assert drafter.block_tokens(1) == min(nodes, top_k) and drafter.block_tokens(4) == nodes
+
+
+def test_tree_blocks_count_the_nodes_a_depth_can_hold():
+    from genspec.drafters.trained import tree_block
+
+    assert [tree_block(0, 4, d) for d in (0, 1, 5)] == [0, 1, 5]  # a chain: its depth
+    assert [tree_block(8, 4, d) for d in (1, 2, 3)] == [4, 8, 8]
+    assert [tree_block(30, 2, d) for d in (1, 2, 3)] == [2, 6, 10]
 
 
 @pytest.mark.parametrize("options", [dict(tree_first=5), dict(tree_first=-1), dict(tree_nodes=2, tree_first=3),

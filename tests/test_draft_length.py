@@ -362,6 +362,21 @@ def test_a_costly_drafter_drafts_only_for_rows_that_pay_its_time():
     assert weak_alone == [0, 0]
 
 
+def test_a_tree_is_priced_by_its_nodes_so_its_shallow_drafts_are_not_cheap():
+    """A head drafting a 4-node tree verifies a 5-token block at every depth: a one-token draft costs the
+    verify of a four-deep one, so the plan drafts the tree deeper than it would a chain with the same
+    acceptance. Block cost 1 + 0.1 per token (plain steps), a draft position 0.076, first / later 0.6:
+    the chain's rates peak at depth 2 (1.96 / 1.35), the tree's (block 5 at every depth) at depth 4
+    (2.31 / 1.70 against 1.60 / 1.48 at depth 1)."""
+    costs = _costs(step=0.1, per_token=0.01)
+    draft_cost = DraftCost(prior_steps=0.076)
+    chain = RowPlan(_policy(0.6, 0.6, k_max=4), None, 4, draft_cost)
+    tree = RowPlan(_policy(0.6, 0.6, k_max=4), None, 4, draft_cost, block=lambda depth: 4)
+    assert plan([chain], costs) == [2]
+    assert plan([tree], costs) == [4]
+    assert tree.width(0) == 0 and tree.width(1) == 4 and chain.width(3) == 3
+
+
 def test_fixed_rows_draft_their_own_k_and_cost_rows_join_when_it_pays():
     costs = _costs(step=0.1, per_token=0.5)  # a block token costs half a plain step
     fixed = DraftLength("fixed", k_max=5, cost_model=costs)

@@ -284,6 +284,12 @@ class Drafter(ABC):
     def propose(self, requests: list[DraftRequest]) -> Draft:
         """One :class:`Draft` row per request, in the order given."""
 
+    def block_tokens(self, depth: int) -> int:
+        """The most draft tokens a draft ``depth`` tokens deep puts in one row's verify block: a chain's
+        depth (the default), a tree's nodes. The draft-length policy prices a depth by the verify block it
+        makes (:func:`genspec.draft_length.plan`)."""
+        return depth
+
     def catch_up_tokens(self, request_id: int, sequence: list[int]) -> int:
         """How many tokens of ``sequence`` the drafter must still read before it can draft for this request
         (a draft model's cache lag; 0 for drafters that read nothing, the default). The draft-length policy

@@ -18,7 +18,7 @@ import torch
 
 from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
 from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TreeNode, ancestors, best_paths, chains_draft, draw,
-                                      load_for_target)
+                                      load_for_target, tree_block)
 from genspec.drafters.layer_states import LayerStates
 from genspec.errors import ConfigError
 from genspec.models.draft_head import DraftHead
@@ -110,6 +110,9 @@ class HeadDrafter(Drafter):
                    tree_top_k: int = 4, tree_first: int = DEFAULT_TREE_FIRST) -> "HeadDrafter":
         head, vocab_ids = load_for_target(target, path, "head")
         return cls(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k, tree_first=tree_first)
+
+    def block_tokens(self, depth: int) -> int:
+        return tree_block(self.tree_nodes, self.tree_top_k, depth)
 
     # --------------------------------------------------------------- life cycle
     def start(self, contexts: list[RequestContext]) -> None:

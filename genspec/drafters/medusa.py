@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
-from genspec.drafters.trained import FEATURE_HEAD_COST_PRIOR, TreeNode, best_paths, chains_draft, draw, load_for_target
+from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TreeNode, best_paths, chains_draft, draw, load_for_target,
+                                      tree_block)
 from genspec.errors import ConfigError
 from genspec.models.draft_head import MedusaHeads
 
@@ -44,6 +45,9 @@ class MedusaDrafter(Drafter):
     def for_target(cls, target, path: str | None = None, tree_nodes: int = 0, tree_top_k: int = 4) -> "MedusaDrafter":
         heads, vocab_ids = load_for_target(target, path, "medusa")
         return cls(target, heads, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k)
+
+    def block_tokens(self, depth: int) -> int:
+        return tree_block(self.tree_nodes, self.tree_top_k, depth)
 
     def start(self, contexts: list[RequestContext]) -> None:
         for context in contexts:

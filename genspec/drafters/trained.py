@@ -59,6 +59,16 @@ class TreeNode:
         self.state = None
 
 
+def tree_block(budget: int, top_k: int, depth: int) -> int:
+    """The nodes of a ``budget``-node tree ``depth`` deep whose first level holds ``top_k`` tokens and
+    each deeper level ``top_k`` children of each of ``top_k`` nodes (the heads' trees), or a chain's
+    ``depth`` tokens when ``budget`` is 0: what the draft adds to the verify block
+    (:meth:`Drafter.block_tokens`)."""
+    if not budget or depth <= 0:
+        return max(depth, 0)
+    return min(budget, top_k + (depth - 1) * top_k * top_k)
+
+
 def ancestors(nodes: list[TreeNode], index: int) -> set[int]:
     out, parent = set(), nodes[index].parent
     while parent >= 0:
