@@ -352,7 +352,8 @@ class DraftLength:
 
     def __init__(self, policy: str, k_max: int, cost_model: CostModel | None = None,
                  draft_cost: DraftCost | None = None, prior_alpha: float = 0.5, prior_later: float = 0.6,
-                 prior_weight: float = 2.0, decay: float = 0.9, memory: AcceptanceMemory | None = None):
+                 prior_weight: float = 2.0, decay: float = 0.9, memory: AcceptanceMemory | None = None,
+                 probe_tokens: int = 1):
         if policy not in POLICIES:
             raise ConfigError(f"unknown draft length policy {policy!r}; choose from: {', '.join(POLICIES)}")
         self.policy = policy
@@ -361,6 +362,7 @@ class DraftLength:
         self.costs = cost_model or CostModel()
         self.draft_cost = draft_cost
         self.memory = memory
+        self.probe_tokens = probe_tokens  # what a one-token probe puts in the verify block (a tree: its first level)
         self._prior = (prior_alpha, prior_later, prior_weight, decay)
         self.acceptance: dict[object, Acceptance] = {}
         # a drafter switched off is probed with one token now and then, less often each time a probe fails
@@ -423,11 +425,12 @@ class DraftLength:
         return 0
 
     def probe_price(self) -> float:
-        """A probe's price in plain steps of one row: its draft position and one verified token more. It is
-        also the break-even acceptance of a one-token draft (a kept token saves one plain step)."""
+        """A probe's price in plain steps of one row: its draft position and the verified tokens it adds
+        (``probe_tokens``: one, or a tree's first level). It is also the break-even acceptance of a one-token
+        draft (a kept token saves one plain step)."""
         step = self.costs.verify_cost(1)
         drafting = self.draft_cost.steps(step) if self.draft_cost is not None else 0.0
-        return max(0.0, drafting + self.costs.relative(2) - 1)
+        return max(0.0, drafting + self.costs.relative(1 + self.probe_tokens) - 1)
 
     def probe_wait(self) -> int:
         """Idle steps before the next probe: the probe's price over ``PROBE_SHARE``, times the backoff of

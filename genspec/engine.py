@@ -267,7 +267,9 @@ class _Request:
         self.sampling = config.sampling
         self.drafter = drafter
         self.drafter_name = drafter_name
-        self.policy = (DraftLength(config.draft_length, config.num_draft_tokens, costs, draft_cost, memory=memory)
+        costly = drafter if drafter is None or not drafter.free else drafter.fallback  # what a probe drafts with
+        self.policy = (DraftLength(config.draft_length, config.num_draft_tokens, costs, draft_cost, memory=memory,
+                                   probe_tokens=costly.block_tokens(1) if costly is not None else 1)
                        if drafter else None)
         self.random = RequestRandomness(config.seed, sample_index, drafter.max_candidates if drafter else 1)
         self.eos = eos

@@ -377,6 +377,16 @@ def test_a_tree_is_priced_by_its_nodes_so_its_shallow_drafts_are_not_cheap():
     assert tree.width(0) == 0 and tree.width(1) == 4 and chain.width(3) == 3
 
 
+def test_a_trees_probe_is_priced_by_its_first_level():
+    """A one-token probe of a 4-node tree verifies its 4 first tokens: a 5-token block (1.4 plain steps
+    here against 1.1 for a chain's 2), so it is priced, and waited for, accordingly."""
+    costs = _costs(step=0.1, per_token=0.01)
+    chain = DraftLength("cost", k_max=4, cost_model=costs, draft_cost=DraftCost(prior_steps=0.05))
+    tree = DraftLength("cost", k_max=4, cost_model=costs, draft_cost=DraftCost(prior_steps=0.05), probe_tokens=4)
+    assert chain.probe_price() == pytest.approx(0.15) and tree.probe_price() == pytest.approx(0.45)
+    assert (chain.probe_wait(), tree.probe_wait()) == (2, 5)
+
+
 def test_fixed_rows_draft_their_own_k_and_cost_rows_join_when_it_pays():
     costs = _costs(step=0.1, per_token=0.5)  # a block token costs half a plain step
     fixed = DraftLength("fixed", k_max=5, cost_model=costs)
@@ -535,6 +545,45 @@ def test_an_engine_whose_first_sample_is_a_slow_two_token_block_still_drafts():
     assert result.token_ids == plain
     assert result.stats.drafted_per_position[2] > 0  # blocks of 4 tokens or more were verified
     assert result.stats.target_calls <= 20  # 40 tokens in at most 20 calls: drafting, not plain decoding
+
+
+@pytest.mark.parametrize("declared_block", [None, 8])
+def test_the_engine_prices_a_costly_drafters_draft_by_the_block_it_declares(declared_block):
+    """An always-right costly drafter whose every draft, whatever its depth, fills a 9-token block when it
+    says so (a tree of 8 nodes), on a machine where 9 tokens cost 10 plain steps and 2-5 tokens barely
+    more than one (synthetic costs, not this machine's clock): priced as the chain it would be, it drafts
+    at most steps; priced by the block it declares, neither drafting nor probing pays."""
+    from genspec.drafters.base import Draft, Drafter
+
+    true_costs = {1: 0.050, 2: 0.052, 3: 0.053, 4: 0.054, 5: 0.055, 9: 0.5}
+
+    class Synthetic(CostModel):
+        def observe_verify(self, width, seconds, batch=1):
+            super().observe_verify(width, true_costs.get(width, 0.5), batch)
+
+    costs = Synthetic()
+    for width, seconds in true_costs.items():
+        costs.observe_verify(width, seconds)
+    target, prompt, plain = _plain_run(40)
+
+    class Oracle(Drafter):
+        name, free, draft_cost_prior = "costly-oracle", False, 0.01
+
+        def propose(self, requests):
+            done = len(requests[0].sequence) - len(prompt[0])
+            return Draft.from_chains([[plain[done:done + requests[0].max_tokens]]])
+
+        def block_tokens(self, depth):
+            return depth if declared_block is None or depth == 0 else declared_block
+
+    result = SpeculativeEngine(target, Oracle(), cost_model=costs).generate_ids(
+        prompt, max_new_tokens=40, eos_token_ids=(), num_draft_tokens=4)[0]
+    assert result.token_ids == plain
+    drafting_steps = (result.stats.drafted_per_position or [0])[0]
+    if declared_block is None:
+        assert drafting_steps >= result.stats.target_calls - 2
+    else:  # a probe costs 9 plain steps here, so none is due within 40 tokens (PROBE_SHARE: 90 idle steps)
+        assert drafting_steps == 0 and result.stats.target_calls == 40
 
 
 def test_a_new_request_starts_from_what_earlier_requests_saw_of_each_evidence_level():
