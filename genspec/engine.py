@@ -255,6 +255,11 @@ def _group_rule(config: GenerationConfig) -> str:
     return "overaccept" if config.lossless else config.rule
 
 
+def _costly_part(drafter: Drafter | None) -> Drafter | None:
+    """The drafter whose drafts cost model time: a costly drafter itself, a free one's fallback (or none)."""
+    return drafter if drafter is None or not drafter.free else drafter.fallback
+
+
 class _Request:
     """Book-keeping of one request."""
 
@@ -267,7 +272,7 @@ class _Request:
         self.sampling = config.sampling
         self.drafter = drafter
         self.drafter_name = drafter_name
-        costly = drafter if drafter is None or not drafter.free else drafter.fallback  # what a probe drafts with
+        costly = _costly_part(drafter)  # what a probe drafts with
         self.policy = (DraftLength(config.draft_length, config.num_draft_tokens, costs, draft_cost, memory=memory,
                                    probe_tokens=costly.block_tokens(1) if costly is not None else 1)
                        if drafter else None)
@@ -580,9 +585,8 @@ class SpeculativeEngine:
             for i, (row, request) in enumerate(zip(rows, requests)):
                 costly = drafter is not None and (not drafter.free or i in group.fallback_rows)
                 draft_cost = self.draft_costs[request.drafter_name] if costly else None
-                drafting = (drafter if not drafter.free else drafter.fallback) if costly else None
                 rows_plan[row] = RowPlan(request.policy, group.evidence[i], caps[i], draft_cost,
-                                         drafting.block_tokens if drafting is not None else None)
+                                         _costly_part(drafter).block_tokens if costly else None)
             groups.append(group)
         planned = plan(rows_plan, self.costs)
         for group in groups:
