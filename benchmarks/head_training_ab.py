@@ -10,8 +10,11 @@ agreement on the held-out sequences' *continuations* only (the pairs whose next 
 wrote: what drafting meets; their prompts are context). A variant is ``;``-separated: ``base`` (the
 defaults of :class:`genspec.train.head.TrainSettings` and :class:`genspec.models.draft_head.HeadConfig`), or
 ``key=value,...`` overriding fields of either (e.g. ``head_dim=128,intermediate_size=2048``: a wider head), plus
-``data=continued`` (train on the target's continuations only, no teacher-forced text) or ``data=plus-text``
-(add the ``--data`` files' text, teacher-forced, to the training sequences; never to the held-out ones).
+``data=continued`` (train on the target's continuations only, no teacher-forced text), ``data=plus-text``
+(add the ``--data`` files' text, teacher-forced, to the training sequences; never to the held-out ones) or
+``data=first-N`` (each training continuation cut to its prompt and first N tokens: with sequences continued
+256 tokens, ``genspec train head --max-new-tokens 256``, ``data=first-128`` trains on what the default run has
+and ``base`` on twice its continuations, both measured on the same held-out sequences).
 """
 from __future__ import annotations
 
@@ -95,6 +98,10 @@ def main() -> None:
         overrides, shape, which = parse_variant(text)
         config = HeadConfig(hidden_size=target.config.hidden_size, **shape)
         train = [features[i] for i in train_all if which != "continued" or data.prompt_lengths[i]]
+        if which.startswith("first-"):
+            keep = int(which.removeprefix("first-"))
+            cut = [data.prompt_lengths[i] + keep if data.prompt_lengths[i] else None for i in train_all]
+            train = [(tokens[:n], feats[:n - 1]) if n else (tokens, feats) for n, (tokens, feats) in zip(cut, train)]
         train += extra if which == "plus-text" else []
         settings = TrainSettings(**{**asdict(TrainSettings()), "steps": args.steps, "held_out_every": args.eval_every,
                                     "checkpoint_every": args.steps, **overrides})
