@@ -354,6 +354,7 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.max_batch_size = max_batch_size
         self.costs = cost_model or CostModel()  # the target's verify costs, by block size
+        self._timed_shapes: set[tuple[int, int]] = set()  # (batch, width) verified once at least
         # each costly drafter's time per draft position (a free drafter's entry prices its fallback)
         self.draft_costs = {name: DraftCost(prior_steps=(d.fallback or d).draft_cost_prior)
                             for name, d in self.drafters.items()}
@@ -720,7 +721,14 @@ class SpeculativeEngine:
                     request.pending_hidden.append(_own_hidden(hidden[row, path[path >= 0]], layers, request.hidden_layers))
         record.verify_time_s = time.perf_counter() - started
         record.batch_size, record.block_width = batch, width
-        self.costs.observe_verify(width, record.verify_time_s, batch)
+        if (batch, width) in self._timed_shapes:
+            self.costs.observe_verify(width, record.verify_time_s, batch)
+        else:  # a shape's first call pays one-time costs (kernels picked, the packed head weight made): a fresh
+            # engine's first 5-token block took 301 ms, the next seven 55-68 ms (plain steps 48-53 ms); averaged in,
+            # it priced the head's tree at 4 plain steps and switched it off after 3 drafts of a 24-token answer
+            # (8 now: python benchmarks/first_verify_cost.py, benchmarks/results/first_verify_cost.txt). Calibration
+            # drops its first timing too
+            self._timed_shapes.add((batch, width))
         for group in groups:  # after the verify time is taken: measuring is not verifying
             if any(r.config.measure_bias for r in group.requests) and group.draft.width:
                 self._measure_bias(group)

@@ -9,7 +9,7 @@ from tiny_models import tiny_llama
 from genspec.draft_length import EXPLORE_EVERY, MAX_PROBE_WAIT, CostModel, DraftCost, DraftLength, RowPlan, plan, probe_affordable
 from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
 from genspec.drafters.base import DraftRequest, RequestContext
-from genspec.engine import SpeculativeEngine
+from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
 
@@ -584,6 +584,40 @@ def test_the_engine_prices_a_costly_drafters_draft_by_the_block_it_declares(decl
         assert drafting_steps >= result.stats.target_calls - 2
     else:  # a probe costs 9 plain steps here, so none is due within 40 tokens (PROBE_SHARE: 90 idle steps)
         assert drafting_steps == 0 and result.stats.target_calls == 40
+
+
+def test_the_first_verify_of_each_block_shape_is_not_taken_for_its_price():
+    """A shape's first call pays one-time costs (kernels picked, weights packed), so the engine's cost model
+    is told every verify time but the first of each (batch, width): an always-right draft of 2 tokens
+    verifies 3-token blocks, and all of them but the first are measured."""
+    from genspec.drafters.base import Draft, Drafter
+
+    observed: list[int] = []
+
+    class Recording(CostModel):
+        def observe_verify(self, width, seconds, batch=1):
+            observed.append(width)
+            super().observe_verify(width, seconds, batch)
+
+    target, prompt, plain = _plain_run(20)
+
+    class Oracle(Drafter):
+        name, free = "oracle", True
+
+        def propose(self, requests):
+            done = len(requests[0].sequence) - len(prompt[0])
+            return Draft.from_chains([[plain[done:done + requests[0].max_tokens]]])
+
+    engine = SpeculativeEngine(target, Oracle(), cost_model=Recording())
+    widths = []
+    engine.add_request(prompt[0], GenerationConfig(max_new_tokens=20, num_draft_tokens=2, draft_length="fixed",
+                                                   eos_token_ids=()))
+    while engine.has_unfinished():
+        widths.append(engine.step().block_width)
+    widths = [w for w in widths if w]
+    assert widths.count(3) >= 3
+    for width in set(widths):
+        assert observed.count(width) == widths.count(width) - 1
 
 
 def test_a_new_request_starts_from_what_earlier_requests_saw_of_each_evidence_level():
