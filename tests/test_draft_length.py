@@ -249,6 +249,26 @@ def _plain_run(tokens: int) -> tuple[HFCausalLM, list[list[int]], list[int]]:
                                                                   eos_token_ids=())[0].token_ids
 
 
+def _oracle(prompt: list[int], plain: list[int], free: bool = True, block=None):
+    """A drafter proposing the plain continuation (always right): free, or costly (cost prior 0.01 of a
+    step per position) and declaring ``block(depth)`` verify tokens if given."""
+    from genspec.drafters.base import Draft, Drafter
+
+    class Oracle(Drafter):
+        name, draft_cost_prior = "oracle", 0.01
+
+        def propose(self, requests):
+            done = len(requests[0].sequence) - len(prompt)
+            return Draft.from_chains([[plain[done:done + requests[0].max_tokens]]])
+
+        def block_tokens(self, depth):
+            return depth if block is None else block(depth)
+
+    oracle = Oracle()
+    oracle.free = free
+    return oracle
+
+
 def test_first_step_drafts_a_few_tokens_not_k_max():
     """Nothing measured yet: the prior costs (1 + 0.1 k) and the prior acceptance pick a short draft."""
     policy = DraftLength("cost", k_max=16)
@@ -520,8 +540,6 @@ def test_an_engine_whose_first_sample_is_a_slow_two_token_block_still_drafts():
     """The engine starts with w1 = 48 ms, w2 = 121 ms measured (what kept the suffix drafter from
     drafting in a whole benchmark); an always-right free drafter must still get wide blocks verified.
     Costs are synthetic (the VM's, by width) so the test does not read this machine's clock."""
-    from genspec.drafters.base import Draft, Drafter
-
     true_costs = {**FIRST_SAMPLE, **LATER_WIDTHS}
 
     class Synthetic(CostModel):
@@ -532,15 +550,7 @@ def test_an_engine_whose_first_sample_is_a_slow_two_token_block_still_drafts():
     for width, seconds in FIRST_SAMPLE.items():
         costs.observe_verify(width, seconds)
     target, prompt, plain = _plain_run(40)
-
-    class Oracle(Drafter):
-        name, free = "oracle", True
-
-        def propose(self, requests):
-            done = len(requests[0].sequence) - len(prompt[0])
-            return Draft.from_chains([[plain[done:done + requests[0].max_tokens]]])
-
-    result = SpeculativeEngine(target, Oracle(), cost_model=costs).generate_ids(
+    result = SpeculativeEngine(target, _oracle(prompt[0], plain), cost_model=costs).generate_ids(
         prompt, max_new_tokens=40, eos_token_ids=(), num_draft_tokens=8)[0]
     assert result.token_ids == plain
     assert result.stats.drafted_per_position[2] > 0  # blocks of 4 tokens or more were verified
@@ -553,8 +563,6 @@ def test_the_engine_prices_a_costly_drafters_draft_by_the_block_it_declares(decl
     says so (a tree of 8 nodes), on a machine where 9 tokens cost 10 plain steps and 2-5 tokens barely
     more than one (synthetic costs, not this machine's clock): priced as the chain it would be, it drafts
     at most steps; priced by the block it declares, neither drafting nor probing pays."""
-    from genspec.drafters.base import Draft, Drafter
-
     true_costs = {1: 0.050, 2: 0.052, 3: 0.053, 4: 0.054, 5: 0.055, 9: 0.5}
 
     class Synthetic(CostModel):
@@ -565,18 +573,9 @@ def test_the_engine_prices_a_costly_drafters_draft_by_the_block_it_declares(decl
     for width, seconds in true_costs.items():
         costs.observe_verify(width, seconds)
     target, prompt, plain = _plain_run(40)
-
-    class Oracle(Drafter):
-        name, free, draft_cost_prior = "costly-oracle", False, 0.01
-
-        def propose(self, requests):
-            done = len(requests[0].sequence) - len(prompt[0])
-            return Draft.from_chains([[plain[done:done + requests[0].max_tokens]]])
-
-        def block_tokens(self, depth):
-            return depth if declared_block is None or depth == 0 else declared_block
-
-    result = SpeculativeEngine(target, Oracle(), cost_model=costs).generate_ids(
+    oracle = _oracle(prompt[0], plain, free=False,
+                     block=None if declared_block is None else lambda depth: declared_block if depth else 0)
+    result = SpeculativeEngine(target, oracle, cost_model=costs).generate_ids(
         prompt, max_new_tokens=40, eos_token_ids=(), num_draft_tokens=4)[0]
     assert result.token_ids == plain
     drafting_steps = (result.stats.drafted_per_position or [0])[0]
@@ -590,8 +589,6 @@ def test_the_first_verify_of_each_block_shape_is_not_taken_for_its_price():
     """A shape's first call pays one-time costs (kernels picked, weights packed), so the engine's cost model
     is told every verify time but the first of each (batch, width): an always-right draft of 2 tokens
     verifies 3-token blocks, and all of them but the first are measured."""
-    from genspec.drafters.base import Draft, Drafter
-
     observed: list[int] = []
 
     class Recording(CostModel):
@@ -600,15 +597,7 @@ def test_the_first_verify_of_each_block_shape_is_not_taken_for_its_price():
             super().observe_verify(width, seconds, batch)
 
     target, prompt, plain = _plain_run(20)
-
-    class Oracle(Drafter):
-        name, free = "oracle", True
-
-        def propose(self, requests):
-            done = len(requests[0].sequence) - len(prompt[0])
-            return Draft.from_chains([[plain[done:done + requests[0].max_tokens]]])
-
-    engine = SpeculativeEngine(target, Oracle(), cost_model=Recording())
+    engine = SpeculativeEngine(target, _oracle(prompt[0], plain), cost_model=Recording())
     widths = []
     engine.add_request(prompt[0], GenerationConfig(max_new_tokens=20, num_draft_tokens=2, draft_length="fixed",
                                                    eos_token_ids=()))
