@@ -573,9 +573,11 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
         trial, current = fill(depth, estimated)
         if current > best_rate:
             best, best_rate = trial, current
-        trial, current = fill(depth, optimistic)
-        if block_width(trial) > widest:
-            unmeasured.append((trial, current))
+        deepest = [min(depth, rows[i].cap, rows[i].policy.k_max) if i in costed else k for i, k in enumerate(ks)]
+        if block_width(deepest) > widest:  # (no block this deep is wider than one measured: nothing to explore)
+            trial, current = fill(depth, optimistic)
+            if block_width(trial) > widest:
+                unmeasured.append((trial, current))
     # explore the widest block that could win: once it is measured, every narrower width is interpolated,
     # so an engine explores about once per batch size (exploring the best-looking width instead measured
     # one width more each time, 4, 5, 6, ... 9: six failed drafts of 4 to 8 tokens over the first

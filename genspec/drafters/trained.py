@@ -82,16 +82,15 @@ def best_paths(nodes: list[TreeNode], budget: int, first: int = 0) -> list[list[
     paths, most likely leaf first; the ``first`` most likely first tokens are kept whatever deeper nodes
     score (a wide first level: see :class:`genspec.drafters.head.HeadDrafter`'s ``tree_first``)."""
     ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))
-    kept: list[int] = [i for i in ranked if nodes[i].parent < 0][:min(first, budget)]
+    kept = set([i for i in ranked if nodes[i].parent < 0][:min(first, budget)])
     for i in ranked:
         if len(kept) == budget:
             break
-        if i not in kept and (nodes[i].parent < 0 or nodes[i].parent in kept):
-            kept.append(i)
-    kept.sort(key=ranked.index)
+        if nodes[i].parent < 0 or nodes[i].parent in kept:
+            kept.add(i)
     parents = {nodes[i].parent for i in kept}
     paths = []
-    for leaf in (i for i in kept if i not in parents):
+    for leaf in (i for i in ranked if i in kept and i not in parents):
         path, at = [], leaf
         while at >= 0:
             path.append(nodes[at].token)
