@@ -224,11 +224,20 @@ def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
 
 
 class DraftCost:
-    """A costly drafter's time per draft position (one pass of its model over its rows), averaged.
+    """A costly drafter's time, averaged: per draft position (one pass of its model over its rows) and per
+    draft for the reading before it (:meth:`Drafter.read`: what it must take in of the tokens committed
+    since its last draft, whatever the depth).
+
+    The reading is priced apart because it does not grow with the depth: a head with 3 token layers runs
+    those layers over the tokens just committed before it can draft at all, and priced per position that
+    reading made every position look as dear as a whole draft (9.4 ms per position at one token a draft
+    against about 2-3 ms for one more head pass; the cost policy planned that head one token deep at every
+    step: ``genspec bench --methods head:path=RUN --skip-prompts 2 --num-prompts 1 --repeats 1``, 2-core AMD
+    EPYC, 2026-11-27, RUN the fused + 3-token-layer head of the README).
 
     Until measured, a position is priced at ``prior_steps`` plain steps (the drafter's ``draft_cost_prior``;
     0.5 by default: early exit at layer 4 of 18 and layer skip also run the 262k-token head per draft
-    position, the int8 copy measured 0.9). It was
+    position, the int8 copy measured 0.9) and the reading at nothing. It was
     priced at nothing, so a new engine's first step drafted as if the drafter were free: on 32-token
     answers, early exit and layer skip on a fresh engine (as ``genspec generate`` has) ran at 0.82-0.88x
     plain, accepting nothing (``python benchmarks/fresh_request_cost.py``, 2-core AMD EPYC). At this price
@@ -238,6 +247,7 @@ class DraftCost:
         self.decay = decay
         self.prior_steps = prior_steps
         self.per_position: float | None = None
+        self.per_read: float | None = None
 
     def steps(self, step_seconds: float) -> float:
         """Time per draft position in plain steps of ``step_seconds`` (the prior until measured)."""
@@ -245,19 +255,29 @@ class DraftCost:
             return self.prior_steps
         return self.per_position / step_seconds
 
-    def observe(self, positions: int, seconds: float) -> None:
+    def draft_steps(self, step_seconds: float, positions: int) -> float:
+        """A draft of ``positions`` positions (0: none, free), its reading included, in plain steps."""
+        if positions <= 0:
+            return 0.0
+        reading = self.per_read / step_seconds if self.per_read is not None and step_seconds else 0.0
+        return reading + positions * self.steps(step_seconds)
+
+    def observe(self, positions: int, seconds: float, read_seconds: float = 0.0) -> None:
+        """A draft of ``positions`` positions took ``seconds`` after ``read_seconds`` of reading."""
         if positions <= 0:
             return
-        value = seconds / positions
-        old = self.per_position
-        self.per_position = value if old is None else self.decay * old + (1 - self.decay) * value
+        self.per_position = self._average(self.per_position, seconds / positions)
+        self.per_read = self._average(self.per_read, read_seconds)
+
+    def _average(self, old: float | None, value: float) -> float:
+        return value if old is None else self.decay * old + (1 - self.decay) * value
 
 
 def probe_affordable(draft_cost: DraftCost, costs: CostModel, batch: int, read_tokens: int, room: int) -> bool:
     """May a switched-off costly drafter be probed for a request with ``room`` tokens left to generate,
     when it must first read ``read_tokens`` of the request (:meth:`Drafter.catch_up_tokens`)? The probe
-    costs its draft position and that reading, each priced at the drafter's cost per position (a model
-    reads a prompt token for about what the target's prefill pays per token, times the drafter's size
+    costs a one-position draft (:meth:`DraftCost.draft_steps`) and that reading, each of its tokens priced at
+    the drafter's cost per position (a model reads a prompt token for about what the target's prefill pays per token, times the drafter's size
     relative to the target); it is made only if that is at most ``PROBE_SHARE`` of the plain decoding
     time left. A useless drafter then costs about a tenth of plain speed at most: a fresh engine's layer
     skip read each rag prompt (~1,500 tokens, about 2.4 s of target prefill) to probe a 32-token answer and
@@ -266,9 +286,8 @@ def probe_affordable(draft_cost: DraftCost, costs: CostModel, batch: int, read_t
     step = costs.verify_cost(1, batch)
     if not step:
         return True
-    per_position = draft_cost.steps(step)
     reading = read_tokens * (costs.prefill_per_token or step) / step
-    return per_position * (1 + reading) <= PROBE_SHARE * room
+    return draft_cost.draft_steps(step, 1) + draft_cost.steps(step) * reading <= PROBE_SHARE * room
 
 
 class Acceptance:
@@ -425,11 +444,11 @@ class DraftLength:
         return 0
 
     def probe_price(self) -> float:
-        """A probe's price in plain steps of one row: its draft position and the verified tokens it adds
+        """A probe's price in plain steps of one row: its one-position draft and the verified tokens it adds
         (``probe_tokens``: one, or a tree's first level). It is also the break-even acceptance of a one-token
         draft (a kept token saves one plain step)."""
         step = self.costs.verify_cost(1)
-        drafting = self.draft_cost.steps(step) if self.draft_cost is not None else 0.0
+        drafting = self.draft_cost.draft_steps(step, 1) if self.draft_cost is not None else 0.0
         return max(0.0, drafting + self.costs.relative(1 + self.probe_tokens) - 1)
 
     def probe_wait(self) -> int:
@@ -503,8 +522,8 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     (their tokens fill a block that is that wide anyway), a costly drafter's rows together if that raises
     the batch's expected tokens per unit of time (its drafting costs time); the best d is kept if it
     beats plain decoding by ``MARGIN``. Time: the block's verify cost in plain steps of
-    this batch, plus each costly drafter's time for its longest draft (its pass serves all its rows).
-    A row's block is what its drafter says a draft of that depth puts in it (``RowPlan.block``): a tree of
+    this batch, plus each costly drafter's time for its longest draft (its pass serves all its rows): its
+    reading once and each position (:meth:`DraftCost.draft_steps`). A row's block is what its drafter says a draft of that depth puts in it (``RowPlan.block``): a tree of
     4 nodes makes a 5-token block at every depth, so its one-token draft is no cheaper to verify than a
     4-deep one. (Priced as a chain, 2 tokens, the fused + 3-token-layer head's tree was planned one token
     deep at every step and ran at 1.33x against 1.65x for drafting 4 deep always, on Spec-Bench prompts
@@ -539,7 +558,7 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
             if r.draft_cost is not None and k:
                 cost, most = longest.get(id(r.draft_cost), (r.draft_cost, 0))
                 longest[id(r.draft_cost)] = (cost, max(most, k))
-        draft_steps = sum(c.steps(step) * k for c, k in longest.values())
+        draft_steps = sum(c.draft_steps(step, k) for c, k in longest.values())
         return tokens / (relative(block_width(lengths)) + draft_steps)
 
     def block_width(lengths: list[int]) -> int:

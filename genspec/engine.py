@@ -576,7 +576,7 @@ class SpeculativeEngine:
             caps = [0] * len(rows) if drafter is None else room
             if drafter is not None and drafter.free:
                 started = time.perf_counter()
-                group.draft = self._propose(drafter, requests, room)
+                group.draft, _ = self._propose(drafter, requests, room)
                 record.draft_time_s += time.perf_counter() - started
                 group.evidence = [group.draft.evidence_of(i) for i in range(len(rows))]
                 caps = group.draft.lengths.amax(dim=1).tolist()
@@ -616,9 +616,9 @@ class SpeculativeEngine:
         if not any(wanted):
             return None
         started = time.perf_counter()
-        draft = self._propose(drafter, requests, wanted)
+        draft, reading = self._propose(drafter, requests, wanted)
         seconds = time.perf_counter() - started
-        draft_cost.observe(max(wanted), seconds)
+        draft_cost.observe(max(wanted), seconds - reading, reading)
         record.draft_model_time_s += seconds
         record.draft_time_s += seconds
         return draft
@@ -649,31 +649,39 @@ class SpeculativeEngine:
         return min(request.policy.after_plan(planned, affordable), self._room(request))
 
     @staticmethod
-    def _propose(drafter: Drafter, requests: list[_Request], limits: list[int]) -> Draft:
-        """The drafter's proposal for these requests. If it fails, each request is proposed for alone, and a
-        request whose own proposal fails fails alone (``finish_reason`` "error"; it verifies nothing); so
-        does a request whose draft law holds NaN or inf (the acceptance rule would not be lossless on it)."""
+    def _propose(drafter: Drafter, requests: list[_Request], limits: list[int]) -> tuple[Draft, float]:
+        """The drafter's proposal for these requests, and the seconds its reading took (:meth:`Drafter.read`,
+        timed apart: the draft-length policy prices it per draft, not per position). If it fails, each
+        request is proposed for alone, and a request whose own proposal fails fails alone (``finish_reason``
+        "error"; it verifies nothing); so does a request whose draft law holds NaN or inf (the acceptance
+        rule would not be lossless on it)."""
         rows = [DraftRequest(r.id, r.sequence, n, r.take_hidden()) for r, n in zip(requests, limits)]
+        started = time.perf_counter()
         try:
+            drafter.read(rows)
+            reading = time.perf_counter() - started
             draft = drafter.propose(rows)
         except Exception:  # noqa: BLE001 - find the request(s) at fault; the others go on
-            drafts = []
+            reading, drafts = 0.0, []
             for request, row in zip(requests, rows):
                 try:
+                    drafter.read([row])
                     drafts.append(drafter.propose([row]))
                 except Exception as exc:  # noqa: BLE001 - reported on the request, the engine goes on
                     request.fail(GenerationError(f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"))
                     drafts.append(Draft.empty(1))
             draft = Draft.stack(drafts)
         if draft.probs is None:
-            return draft
+            return draft, reading
         drafted = torch.arange(draft.width) < draft.lengths.unsqueeze(-1)  # [B, M, k]
         bad = unusable_rows(draft.probs, drafted)
         for row in bad:
             requests[row].fail(NumericalError(
                 f"drafter {drafter.name!r}: its draft law contains NaN or inf (computed in "
                 f"{str(draft.probs.dtype).replace('torch.', '')}); nothing can be verified against it"))
-        return draft.clipped([0 if i in bad else n for i, n in enumerate(draft.lengths.amax(1).tolist())]) if bad else draft
+        if bad:
+            draft = draft.clipped([0 if i in bad else n for i, n in enumerate(draft.lengths.amax(1).tolist())])
+        return draft, reading
 
     def _verify(self, groups: list[_Group], record: StepRecord) -> None:
         """One target pass over every row's block, then each group's acceptance rule."""

@@ -158,7 +158,8 @@ def test_a_batch_wanting_different_lengths_drafts_each_row_as_alone(tiny_target,
     """Rows near their end want fewer draft tokens than the others: the batched chain drafts each row as
     that row's own proposal would (once, a row wanting fewer raised, and after the engine's one-by-one
     retry the head held features twice and never drafted again: half the target calls of 8 held-out
-    prompts drafted nothing). A proposal repeated with the same states (that retry) changes nothing."""
+    prompts drafted nothing). A proposal repeated with the same states (that retry) changes nothing, nor
+    does reading first (:meth:`HeadDrafter.read`, as the engine does), once or twice."""
     from genspec.drafters.base import DraftRequest, RequestContext
 
     sequences = [[5, 9, 11, 3, 7, 7, 2], [4, 8, 15, 16], [23, 42, 4, 8, 15]]
@@ -182,6 +183,10 @@ def test_a_batch_wanting_different_lengths_drafts_each_row_as_alone(tiny_target,
         drafter = drafter_for([i])
         alone.append(drafter.propose([requests[i]]).first_chain(0))
         assert drafter.propose([requests[i]]).first_chain(0) == alone[-1]  # the same states again
+        reader = drafter_for([i])  # the engine reads first (timed apart from drafting); reading twice changes nothing
+        reader.read([requests[i]])
+        reader.read([requests[i]])
+        assert reader.propose([requests[i]]).first_chain(0) == alone[-1]
     assert together == alone and [len(c) for c in together] == want
 
 

@@ -397,6 +397,26 @@ def test_a_tree_is_priced_by_its_nodes_so_its_shallow_drafts_are_not_cheap():
     assert tree.width(0) == 0 and tree.width(1) == 4 and chain.width(3) == 3
 
 
+def test_a_drafts_reading_is_priced_once_and_its_positions_each():
+    """A head with token layers reads the tokens just committed before it drafts (0.18 of a plain step, as
+    the fused + 3-token-layer head measured) and then pays 0.04 a position: a 3-deep draft costs 0.30, not
+    3 x 0.22. Priced so, its 4-node tree (a 5-token block at every depth, 1.02 plain steps; first / later
+    0.6 / 0.45) is drafted 3 deep (rates 1.29 / 1.46 / 1.51 / 1.51 at depths 1-4); with the same 0.22 of a
+    one-token draft priced per position (one measurement mixing the two, as before), 1 deep (1.29 / 1.28 /
+    1.19 / 1.08)."""
+    costs = _costs(step=0.1, per_token=0.0005)
+    step = costs.verify_cost(1)
+    split, mixed = DraftCost(), DraftCost()
+    split.observe(1, 0.004, read_seconds=0.018)
+    mixed.observe(1, 0.022)
+    assert split.draft_steps(step, 3) == pytest.approx(0.18 + 3 * 0.04)
+    assert mixed.draft_steps(step, 3) == pytest.approx(3 * 0.22)
+    assert split.draft_steps(step, 0) == 0.0
+    tree = lambda depth: 4  # noqa: E731
+    assert plan([RowPlan(_policy(0.6, 0.45, k_max=4), None, 4, split, block=tree)], costs) == [3]
+    assert plan([RowPlan(_policy(0.6, 0.45, k_max=4), None, 4, mixed, block=tree)], costs) == [1]
+
+
 def test_a_trees_probe_is_priced_by_its_first_level():
     """A one-token probe of a 4-node tree verifies its 4 first tokens: a 5-token block (1.4 plain steps
     here against 1.1 for a chain's 2), so it is priced, and waited for, accordingly."""
@@ -745,3 +765,40 @@ def test_a_draft_model_reads_a_prompt_at_its_first_draft_and_a_useless_one_is_no
     drafter.propose([DraftRequest(99, prompt, 2)])
     assert drafter.catch_up_tokens(99, prompt) <= 1  # (the last token is fed again with the next draft)
     drafter.finish([99])
+
+
+def test_the_engine_times_a_drafters_reading_apart_from_its_positions():
+    """The engine calls :meth:`Drafter.read` before ``propose`` on the same rows and hands its time to the
+    drafter's cost apart (priced once per draft): a costly oracle whose reading sleeps 20 ms and whose
+    drafting does not is recorded with at least 20 ms of reading at every draft."""
+    import time
+
+    target, prompt, plain = _plain_run(12)
+    oracle = _oracle(prompt[0], plain, free=False)
+    calls: list[tuple[str, list[int]]] = []
+    propose = oracle.propose
+
+    def read(requests):
+        calls.append(("read", [r.request_id for r in requests]))
+        time.sleep(0.02)
+
+    def proposing(requests):
+        calls.append(("propose", [r.request_id for r in requests]))
+        return propose(requests)
+
+    oracle.read, oracle.propose = read, proposing
+    engine = SpeculativeEngine(target, oracle)
+    observed: list[tuple[int, float, float]] = []
+
+    class Spy(DraftCost):
+        def observe(self, positions, seconds, read_seconds=0.0):
+            observed.append((positions, seconds, read_seconds))
+            super().observe(positions, seconds, read_seconds)
+
+    engine.draft_costs["oracle"] = Spy(prior_steps=0.01)
+    result = engine.generate_ids(prompt, max_new_tokens=12, eos_token_ids=(), num_draft_tokens=3,
+                                 draft_length="fixed")[0]
+    assert result.token_ids == plain
+    assert observed and all(read_seconds >= 0.02 for _, _, read_seconds in observed)
+    assert [name for name, _ in calls] == ["read", "propose"] * len(observed)
+    assert engine.draft_costs["oracle"].per_read >= 0.02

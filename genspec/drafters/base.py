@@ -284,6 +284,13 @@ class Drafter(ABC):
     def propose(self, requests: list[DraftRequest]) -> Draft:
         """One :class:`Draft` row per request, in the order given."""
 
+    def read(self, requests: list[DraftRequest]) -> None:
+        """Take in what each request committed since this drafter last drafted for it, before
+        :meth:`propose` (a head's pass over the new committed pairs, its token layers): the reading a
+        draft needs whatever its depth. The engine times it apart, so the draft-length policy prices it once
+        per draft, not per position (:class:`genspec.draft_length.DraftCost`). :meth:`propose` must work
+        without it (it reads what was not read). Default: nothing (all drafting time is priced per position)."""
+
     def block_tokens(self, depth: int) -> int:
         """The most draft tokens a draft ``depth`` tokens deep puts in one row's verify block: a chain's
         depth (the default), a tree's nodes. The draft-length policy prices a depth by the verify block it

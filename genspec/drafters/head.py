@@ -35,6 +35,8 @@ class _Row:
                          else torch.zeros(0, feature_width, dtype=empty.dtype, device=empty.device))
         self.states = torch.zeros(0, hidden_size, dtype=empty.dtype, device=empty.device)
         self.keys, self.values = empty, empty  # [layers, kv_heads, cached pairs, head_dim]
+        self.root: torch.Tensor | None = None  # the head's feature after the last committed pair: drafts start there
+        self.root_length = -1  # the committed length ``root`` was read at
 
     @property
     def cached(self) -> int:
@@ -196,7 +198,10 @@ class HeadDrafter(Drafter):
 
     # --------------------------------------------------------------- interface
     @torch.inference_mode()
-    def propose(self, requests: list[DraftRequest]) -> Draft:
+    def read(self, requests: list[DraftRequest]) -> None:
+        """Take in the target's new features, run the token layers (if any) over the tokens committed since
+        and feed the head the new committed pairs, for each row that will draft; its first feature waits in
+        ``_Row.root``."""
         for request in requests:
             if request.request_id not in self._rows:  # proposed for without start: no features yet
                 self.start([RequestContext(request.request_id, list(request.sequence))])
@@ -211,9 +216,21 @@ class HeadDrafter(Drafter):
                                                                         [r.sequence for r in reading])):
                 row = self._rows[request.request_id]
                 row.states = torch.cat([row.states, states.to(self.dtype)])
-        # a row can draft once the target's feature of every committed token but the last is known
-        able = [r.max_tokens > 0 and len(r.sequence) >= 2 and len(self._rows[r.request_id].features) == len(r.sequence) - 1
-                for r in requests]
+        unread = [r for r in requests if self._able(r) and self._rows[r.request_id].root_length != len(r.sequence)]
+        if unread:
+            rows = [self._rows[r.request_id] for r in unread]
+            for row, request, root in zip(rows, unread, self._sync(rows, [list(r.sequence) for r in unread])):
+                row.root, row.root_length = root, len(request.sequence)
+
+    def _able(self, request: DraftRequest) -> bool:
+        """A row can draft once the target's feature of every committed token but the last is known."""
+        return (request.max_tokens > 0 and len(request.sequence) >= 2
+                and len(self._rows[request.request_id].features) == len(request.sequence) - 1)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> Draft:
+        self.read(requests)
+        able = [self._able(r) for r in requests]
         active = [i for i, ok in enumerate(able) if ok]
         if self.tree_nodes:
             trees: list[list[list[int]]] = [[] for _ in requests]
@@ -233,7 +250,7 @@ class HeadDrafter(Drafter):
         contexts = [row.context for row in rows]
         keep_laws = not all(c.sampling.greedy for c in contexts)
         sequences = [list(r.sequence) for r in requests]
-        predicted = self._sync(rows, sequences)  # [R, H]
+        predicted = torch.stack([row.root for row in rows])  # [R, H]
         need = [r.max_tokens for r in requests]
         drafted_k, drafted_v = [self._empty] * len(rows), [self._empty] * len(rows)
         for depth in range(max(need)):
@@ -273,7 +290,7 @@ class HeadDrafter(Drafter):
         sequences = [list(r.sequence) for r in requests]
         need = [r.max_tokens for r in requests]
         top_k, hidden = self.tree_top_k, self.head.config.hidden_size
-        root = self._sync(rows, sequences)  # [R, H]: the feature the first draft tokens come from
+        root = torch.stack([row.root for row in rows])  # [R, H]: the feature the first draft tokens come from
         nodes: list[list[TreeNode]] = [[] for _ in rows]
         expanded: list[list[int]] = [[] for _ in rows]  # nodes whose pairs ran, in order
 

@@ -67,6 +67,9 @@ class HeadAndWeakLookup(Drafter):
         self.draft_cost_prior = head.draft_cost_prior
         self.weak: dict[int, list[int]] = {}  # request id -> this step's weak lookup chain (set by the hybrid)
 
+    def read(self, requests: list[DraftRequest]) -> None:
+        self.head.read(requests)
+
     def propose(self, requests: list[DraftRequest]) -> Draft:
         draft = self.head.propose(requests)
         if draft.probs is not None:
