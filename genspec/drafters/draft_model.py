@@ -30,8 +30,10 @@ class DraftModelDrafter(Drafter):
     """Drafts with ``model``.
 
     ``num_drafts`` > 1 samples that many independent chains (multi-draft, verified as a tree);
-    ``confidence_threshold`` stops a row's draft at the first token whose draft probability is below
-    it (Hugging Face's assistant_confidence_threshold); ``inner`` makes drafting hierarchical;
+    ``confidence_threshold`` ends a row's draft with the first token whose draft probability is below
+    it (Hugging Face's assistant_confidence_threshold: that token is drafted, the ones after it are not; a
+    sampled draft that left out its unsure token would be drawn from the law cut to its sure tokens, not
+    from the law the verifier is given, and the standard rule would no longer be exact); ``inner`` makes drafting hierarchical;
     ``reuse_layers`` (early exit) hands the layers the draft computed to the target's verify pass.
     """
 
@@ -178,16 +180,16 @@ class DraftModelDrafter(Drafter):
         pending, pending_law, confident = self._choose(logits, self._seen(contexts, current, logits.shape[-1]),
                                                        contexts, drawing,
                                                        [len(c) - len(ctx.prompt) for c, ctx in zip(current, contexts)])
-        running = [on and ok for on, ok in zip(drawing, confident)]
+        running = list(drawing)
         rows = torch.arange(batch)
         while True:
-            for row in range(batch):  # emit the pending token of every running row
+            for row in range(batch):  # emit the pending token of every running row; an unsure one ends its draft
                 if running[row]:
                     out_tokens[row].append(int(pending[row]))
                     if not greedy:
                         out_laws[row].append(pending_law[row])
                     current[row].append(int(pending[row]))
-                    running[row] = len(out_tokens[row]) < need[row]
+                    running[row] = len(out_tokens[row]) < need[row] and confident[row]
             if not any(running):
                 break
             drawing = list(running)
@@ -225,7 +227,6 @@ class DraftModelDrafter(Drafter):
             pending_law = None if greedy else laws[rows, accepted]
             confident = self._confident(block_logits[rows, accepted], None if seen is None else seen[rows, accepted],
                                         pending, pending_law, contexts)
-            running = [run and ok for run, ok in zip(running, confident)]
         return self._as_draft(out_tokens, out_laws)
 
     @staticmethod
