@@ -813,9 +813,11 @@ class SpeculativeEngine:
                 path = group.verdict.path[i, 1:accepted + 1]
                 tokens = [int(t) for t in group.block.tokens[i, path]] + [int(group.verdict.next_token[i])]
                 if request.policy is not None:
-                    # the policy learns per draft position: a tree's depth, not its node count (a tree of 8 nodes
-                    # 4 deep whose path was kept whole had no rejection at positions 5..8)
-                    request.policy.update(depths[i], accepted, group.evidence[i])
+                    # the policy learns per draft position along the kept path: a tree's depth there, not its node
+                    # count (a tree of 8 nodes 4 deep whose path was kept whole had no rejection at positions
+                    # 5..8), nor the depth of its other branches (a kept first token with no child tested nothing
+                    # after it, and counted as a miss it pulled the later-position rate of wide trees down)
+                    request.policy.update(group.block.reached(i, path.tolist()), accepted, group.evidence[i])
                     request.policy.shadow(group.shadows[i], tokens, group.evidence[i], drafted=depths[i])
                 request.stats.record(drafted[i], accepted, depths[i])
                 request.stats.draft_time_s += record.draft_time_s

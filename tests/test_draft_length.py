@@ -802,3 +802,35 @@ def test_the_engine_times_a_drafters_reading_apart_from_its_positions():
     assert observed and all(read_seconds >= 0.02 for _, _, read_seconds in observed)
     assert [name for name, _ in calls] == ["read", "propose"] * len(observed)
     assert engine.draft_costs["oracle"].per_read >= 0.02
+
+
+def test_a_kept_branch_with_no_child_tests_no_later_position():
+    """A tree of two first tokens, a wrong one with a child and the right one alone: every step keeps the
+    right first token, whose branch drafted nothing after it, so no later position was tested (counted as
+    missed, the tree's other, deeper branch made the later-position rate fall to nothing). Its chain twin,
+    the right token then a wrong one, tests (and misses) the second position at every step."""
+    from genspec.drafters.base import Draft, Drafter
+
+    target, prompt, plain = _plain_run(12)
+
+    class Branches(Drafter):
+        name, max_candidates = "oracle", 2
+
+        def __init__(self, tree: bool):
+            self.tree = tree
+
+        def propose(self, requests):
+            done = len(requests[0].sequence) - len(prompt[0])
+            right = plain[done]
+            wrong = (right + 1) % 256
+            chains = [[wrong, right], [right]] if self.tree else [[right, wrong]]
+            return Draft.from_chains([chains], num_chains=2)
+
+    for tree in (True, False):
+        engine = SpeculativeEngine(target, Branches(tree))
+        result = engine.generate_ids(prompt, max_new_tokens=12, eos_token_ids=(), num_draft_tokens=2,
+                                     draft_length="fixed")[0]
+        assert result.token_ids == plain and result.stats.accepted_per_position[0] == result.stats.target_calls
+        seen = engine.acceptance_memory[("oracle", True)].levels[None]
+        assert seen.rate_first == 1.0
+        assert (seen.later[1] == 0) if tree else (seen.later[1] > 0 and seen.later[0] == 0)

@@ -223,6 +223,17 @@ class DraftBlock:
     node_of: torch.Tensor | None
     lengths: torch.Tensor
 
+    def reached(self, row: int, path: list[int]) -> int:
+        """How deep row ``row``'s draft went along ``path``, the nodes it had accepted in order: the length
+        of its longest candidate that begins with them (a chain: its length). A tree's other branches may
+        go deeper without testing anything after the accepted path."""
+        lengths = self.lengths[row].tolist()
+        if self.node_of is None:
+            return max(lengths)
+        n = len(path)
+        return max((length for m, length in enumerate(lengths)
+                    if length >= n and self.node_of[row, m, :n].tolist() == path), default=n)
+
 
 class Drafter(ABC):
     """Base class of every speculator. Subclasses set ``name`` and implement :meth:`propose`."""
