@@ -303,6 +303,23 @@ def test_greedy_wide_first_level_trees_equal_plain_decoding(tiny_target, nodes, 
     assert drafter.block_tokens(1) == min(nodes, top_k) and drafter.block_tokens(4) == nodes
 
 
+@pytest.mark.parametrize("tree_nodes", [0, 4])
+def test_a_first_threshold_drafts_only_where_the_head_is_sure_and_stays_exact(tiny_target, tree_nodes):
+    """Greedy output equals plain decoding with any ``first_threshold``; at 0.999 (a random head is never
+    that sure) nothing is drafted, in between fewer steps draft than at 0."""
+    prompts = [[5, 6, 7, 5, 6], [9, 9, 9, 2], [3, 4]]
+    plain = SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=16, eos_token_ids=())
+    drafted = {}
+    for threshold in (0.0, 0.0236, 0.999):  # (this head's likeliest first tokens: 0.021-0.027, median 0.0236)
+        drafter = HeadDrafter(tiny_target, _head(), list(range(3, 64)), tree_nodes=tree_nodes,
+                              first_threshold=threshold)
+        spec = SpeculativeEngine(tiny_target, drafter).generate_ids(prompts, max_new_tokens=16, num_draft_tokens=3,
+                                                                    draft_length="fixed", eos_token_ids=())
+        assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
+        drafted[threshold] = sum((s.stats.drafted_per_position or [0])[0] for s in spec)
+    assert drafted[0.999] == 0 and 0 < drafted[0.0236] < drafted[0.0]
+
+
 def test_tree_blocks_count_the_nodes_a_depth_can_hold():
     from genspec.drafters.trained import tree_block
 
@@ -312,24 +329,28 @@ def test_tree_blocks_count_the_nodes_a_depth_can_hold():
 
 
 @pytest.mark.parametrize("options", [dict(tree_first=5), dict(tree_first=-1), dict(tree_nodes=2, tree_first=3),
-                                     dict(tree_first=1.5)])
+                                     dict(tree_first=1.5), dict(first_threshold=1.0), dict(first_threshold=-0.1)])
 def test_a_first_level_wider_than_the_tree_is_a_clear_error(tiny_target, options):
-    with pytest.raises(ConfigError, match="tree_first"):
+    with pytest.raises(ConfigError, match="tree_first|first_threshold"):
         HeadDrafter(tiny_target, _head(), list(range(3, 64)), **options)
 
 
-@pytest.mark.parametrize("tree_nodes, seed, token_layers, fused", [(0, 21, 0, ()), (6, 22, 0, ()), (0, 31, 1, ()),
-                                                                   (6, 32, 1, ()), (0, 41, 0, (1,))])
-def test_head_sampling_is_lossless(tree_nodes, seed, token_layers, fused):
+@pytest.mark.parametrize("tree_nodes, seed, token_layers, fused, first_threshold",
+                         [(0, 21, 0, (), 0.0), (6, 22, 0, (), 0.0), (0, 31, 1, (), 0.0), (6, 32, 1, (), 0.0),
+                          (0, 41, 0, (1,), 0.0), (0, 23, 0, (), 0.35), (6, 24, 0, (), 0.35)])
+def test_head_sampling_is_lossless(tree_nodes, seed, token_layers, fused, first_threshold):
     """Chi-square of the joint law of the first 3 generated tokens against the exact target law
     (temperature 0.7, top-k 8, top-p 0.9 on draft and target alike; N = 20,000, cells with expected
     count < 5 pooled; fail if p < 1e-3), sampled chains and dynamic trees of 6 deterministic nodes, a head
     over 8 of the 12 tokens (so its law differs: rejections really happen); heads on the embedding, on
-    the target's first layer, and (a sampled chain) on its final feature fused with its first layer's output."""
+    the target's first layer, and (a sampled chain) on its final feature fused with its first layer's output;
+    and with ``first_threshold`` 0.35, where this head's likeliest first token has probability 0.25-0.54 (0.40
+    after the prompt): some steps draft, some do not."""
     head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
                                 token_layers=token_layers, feature_layers=fused))
     pvalue, acceptance = lossless_pvalue(
-        lambda target: HeadDrafter(target, head.to(torch.float64), list(range(8)), tree_nodes=tree_nodes, tree_top_k=3),
+        lambda target: HeadDrafter(target, head.to(torch.float64), list(range(8)), tree_nodes=tree_nodes, tree_top_k=3,
+                                   first_threshold=first_threshold),
         SamplingConfig(temperature=0.7, top_k=8, top_p=0.9), seed=seed, layers=2)
     assert 0.02 < acceptance < 0.95
     assert pvalue > 1e-3

@@ -58,6 +58,10 @@ DEFAULT_TREE_NODES = 4
 #: first tokens kept; ``genspec bench --methods "head,head:tree_first=2,head:tree_first=3,head:tree_nodes=6:tree_first=3"
 #: --skip-prompts 2 --num-prompts 1 --repeats 1``, benchmarks/results/tree_first_unmeasured)
 DEFAULT_TREE_FIRST = 0
+#: the head drafts nothing at a step where its likeliest first token is less likely than this (by its own
+#: probability, before any sampling processing: a choice made before anything is drawn, so the standard rule
+#: stays exact for sampled chains; trees are point masses). Off by default (measured below, if at all).
+DEFAULT_FIRST_THRESHOLD = 0.0
 
 
 class HeadDrafter(Drafter):
@@ -67,7 +71,8 @@ class HeadDrafter(Drafter):
     ``tree_top_k`` most likely nodes so far (by cumulative draft probability) are expanded into their
     ``tree_top_k`` most likely tokens, and the ``tree_nodes`` most likely nodes are verified, each
     root-to-leaf path a candidate; ``tree_first`` (default 0) of them are the most likely first tokens
-    whatever deeper nodes score. Tree candidates are deterministic (lossless under sampling too, as
+    whatever deeper nodes score; ``first_threshold`` (default 0): no draft at a step where the head's
+    likeliest first token is less likely than that. Tree candidates are deterministic (lossless under sampling too, as
     lookup trees are); chains are sampled from the draft law when the request samples.
 
     A head trained with ``token_layers`` = L reads the target's first L layers over each committed token
@@ -81,12 +86,16 @@ class HeadDrafter(Drafter):
     draft_cost_prior = FEATURE_HEAD_COST_PRIOR
 
     def __init__(self, target, head: DraftHead, vocab_ids: list[int], tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4,
-                 tree_first: int = DEFAULT_TREE_FIRST, fast_kernels: bool = True):
+                 tree_first: int = DEFAULT_TREE_FIRST, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
+                 fast_kernels: bool = True):
         if int(tree_nodes) != tree_nodes or tree_nodes < 0 or int(tree_top_k) != tree_top_k or tree_top_k < 1:
             raise ConfigError(f"tree_nodes must be an integer >= 0 and tree_top_k >= 1, got {tree_nodes}, {tree_top_k}")
         if int(tree_first) != tree_first or not 0 <= tree_first <= min(tree_top_k, max(tree_nodes, 1)):
             raise ConfigError(f"tree_first must be an integer from 0 to min(tree_top_k, tree_nodes), got {tree_first}")
+        if not 0.0 <= first_threshold < 1.0:
+            raise ConfigError(f"first_threshold must be in [0, 1), got {first_threshold}")
         self.tree_nodes, self.tree_top_k, self.tree_first = int(tree_nodes), int(tree_top_k), int(tree_first)
+        self.first_threshold = float(first_threshold)
         self.max_candidates = max(1, self.tree_nodes)
         self.samples_drafts = not self.tree_nodes  # a chain is drawn from the draft law; a tree is deterministic
         self.device, self.dtype = target.device, target.dtype
@@ -109,9 +118,11 @@ class HeadDrafter(Drafter):
 
     @classmethod
     def for_target(cls, target, path: str | None = None, tree_nodes: int = DEFAULT_TREE_NODES,
-                   tree_top_k: int = 4, tree_first: int = DEFAULT_TREE_FIRST) -> "HeadDrafter":
+                   tree_top_k: int = 4, tree_first: int = DEFAULT_TREE_FIRST,
+                   first_threshold: float = DEFAULT_FIRST_THRESHOLD) -> "HeadDrafter":
         head, vocab_ids = load_for_target(target, path, "head")
-        return cls(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k, tree_first=tree_first)
+        return cls(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k, tree_first=tree_first,
+                   first_threshold=first_threshold)
 
     def block_tokens(self, depth: int) -> int:
         return tree_block(self.tree_nodes, self.tree_top_k, depth)
@@ -231,6 +242,9 @@ class HeadDrafter(Drafter):
     def propose(self, requests: list[DraftRequest]) -> Draft:
         self.read(requests)
         able = [self._able(r) for r in requests]
+        if self.first_threshold > 0 and any(able):
+            sure = iter(self._sure([requests[i] for i, ok in enumerate(able) if ok]))
+            able = [ok and next(sure) for ok in able]
         active = [i for i, ok in enumerate(able) if ok]
         if self.tree_nodes:
             trees: list[list[list[int]]] = [[] for _ in requests]
@@ -243,6 +257,11 @@ class HeadDrafter(Drafter):
         if active:
             self._draft([requests[i] for i in active], [chains[i] for i in active], [laws[i] for i in active])
         return chains_draft(chains, laws, self.vocab_size)
+
+    def _sure(self, requests: list[DraftRequest]) -> list[bool]:
+        """Per row: is the head's likeliest first token at least ``first_threshold`` likely?"""
+        roots = torch.stack([self._rows[r.request_id].root for r in requests])
+        return (self.logits_of(roots).float().softmax(-1).amax(-1) >= self.first_threshold).tolist()
 
     def _draft(self, requests: list[DraftRequest], chains: list[list[int]], laws: list[list[torch.Tensor]]) -> None:
         """Fill ``chains`` (and, for a sampled batch, ``laws``) for rows that can draft."""
