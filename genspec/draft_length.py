@@ -229,11 +229,12 @@ class DraftCost:
     since its last draft, whatever the depth).
 
     The reading is priced apart because it does not grow with the depth: a head with 3 token layers runs
-    those layers over the tokens just committed before it can draft at all, and priced per position that
-    reading made every position look as dear as a whole draft (9.4 ms per position at one token a draft
-    against about 2-3 ms for one more head pass; the cost policy planned that head one token deep at every
-    step: ``genspec bench --methods head:path=RUN --skip-prompts 2 --num-prompts 1 --repeats 1``, 2-core AMD
-    EPYC, 2026-11-27, RUN the fused + 3-token-layer head of the README).
+    those layers over the tokens just committed before it can draft at all (5.0-5.3 ms here,
+    benchmarks/results/layer_states_cost.txt), and priced per position that reading made every position
+    look as dear as a whole draft: the fused + 3-token-layer head of the README drafted one token deep at
+    every step it drafted, 12.8 ms a draft, where one more position is one more head pass (2.56 ms for the
+    shipped head, benchmarks/results/head_draft_cost.txt; 2-core AMD EPYC, ``genspec bench --methods
+    head:path=RUN --skip-prompts 2 --num-prompts 1 --repeats 1``: benchmarks/results/fused_l3_block_priced_unmeasured).
 
     Until measured, a position is priced at ``prior_steps`` plain steps (the drafter's ``draft_cost_prior``;
     0.5 by default: early exit at layer 4 of 18 and layer skip also run the 262k-token head per draft
