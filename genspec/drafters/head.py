@@ -60,8 +60,15 @@ DEFAULT_TREE_NODES = 4
 DEFAULT_TREE_FIRST = 0
 #: the head drafts nothing at a step where its likeliest first token is less likely than this (by its own
 #: probability, before any sampling processing: a choice made before anything is drawn, so the standard rule
-#: stays exact for sampled chains; trees are point masses). Off by default (measured below, if at all).
-DEFAULT_FIRST_THRESHOLD = 0.0
+#: stays exact for sampled chains; trees are point masses). The head is calibrated: teacher-forced, where that
+#: probability is below 0.1 (17% of answer positions) its token is the target's 6% of the time
+#: (benchmarks/results/head_misses/confidence.txt), so those drafts hardly ever pay. On the prompts no run
+#: measures (the 3rd of each category, 128 tokens, 2-core AMD EPYC, 2026-11-28), 0 / 0.1 / 0.15 / 0.2: first
+#: level kept 0.51 / 0.60 / 0.64 / 0.66 of the drafts, at 1.61x / 1.59x / - / 1.54x plain (``genspec bench --methods
+#: "head,head:first_threshold=0.1,head:first_threshold=0.2" --skip-prompts 2 --num-prompts 1 --repeats 1``,
+#: benchmarks/results/head_first_threshold_unmeasured) and 0.15 at 1.50x against 1.57x for 0 in another run
+#: (head_first_threshold_015_unmeasured): 0.1 costs next to nothing.
+DEFAULT_FIRST_THRESHOLD = 0.1
 
 
 class HeadDrafter(Drafter):
@@ -71,8 +78,9 @@ class HeadDrafter(Drafter):
     ``tree_top_k`` most likely nodes so far (by cumulative draft probability) are expanded into their
     ``tree_top_k`` most likely tokens, and the ``tree_nodes`` most likely nodes are verified, each
     root-to-leaf path a candidate; ``tree_first`` (default 0) of them are the most likely first tokens
-    whatever deeper nodes score; ``first_threshold`` (default 0): no draft at a step where the head's
-    likeliest first token is less likely than that. Tree candidates are deterministic (lossless under sampling too, as
+    whatever deeper nodes score; ``first_threshold``: no draft at a step where the head's likeliest first
+    token is less likely than that (by name, :data:`DEFAULT_FIRST_THRESHOLD`; built directly, 0: a head
+    of unknown calibration drafts at every step). Tree candidates are deterministic (lossless under sampling too, as
     lookup trees are); chains are sampled from the draft law when the request samples.
 
     A head trained with ``token_layers`` = L reads the target's first L layers over each committed token
@@ -86,8 +94,7 @@ class HeadDrafter(Drafter):
     draft_cost_prior = FEATURE_HEAD_COST_PRIOR
 
     def __init__(self, target, head: DraftHead, vocab_ids: list[int], tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4,
-                 tree_first: int = DEFAULT_TREE_FIRST, first_threshold: float = DEFAULT_FIRST_THRESHOLD,
-                 fast_kernels: bool = True):
+                 tree_first: int = DEFAULT_TREE_FIRST, first_threshold: float = 0.0, fast_kernels: bool = True):
         if int(tree_nodes) != tree_nodes or tree_nodes < 0 or int(tree_top_k) != tree_top_k or tree_top_k < 1:
             raise ConfigError(f"tree_nodes must be an integer >= 0 and tree_top_k >= 1, got {tree_nodes}, {tree_top_k}")
         if int(tree_first) != tree_first or not 0 <= tree_first <= min(tree_top_k, max(tree_nodes, 1)):

@@ -87,8 +87,9 @@ class HeadAndWeakLookup(Drafter):
 class HybridDrafter(Drafter):
     """Options: ``path`` (the head), ``lookup`` (``suffix``, the default, or ``prompt-lookup``),
     ``min_match`` (the lookup match length that wins, default 3), ``merge_weak`` (a shorter match's chain
-    joins the head's tree, default true), ``tree_nodes`` / ``tree_top_k`` / ``tree_first`` (the head's tree); other options
-    go to the lookup (``max_ngram`` for prompt lookup, ``factor``, ``num_candidates``, ... for suffix)."""
+    joins the head's tree, default true), ``tree_nodes`` / ``tree_top_k`` / ``tree_first`` (the head's tree),
+    ``first_threshold`` (the head's, default 0 here whatever the head's own: the hybrid is not measured with
+    it); other options go to the lookup (``max_ngram`` for prompt lookup, ``factor``, ``num_candidates``, ... for suffix)."""
 
     name = "hybrid"
     free = True
@@ -112,13 +113,13 @@ class HybridDrafter(Drafter):
     @classmethod
     def for_target(cls, target, path: str | None = None, lookup: str = DEFAULT_LOOKUP, min_match: int = 3,
                    tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4, tree_first: int = DEFAULT_TREE_FIRST,
-                   merge_weak: bool = MERGE_WEAK,
+                   first_threshold: float = 0.0, merge_weak: bool = MERGE_WEAK,
                    **lookup_options) -> "HybridDrafter":
         if lookup not in LOOKUPS:
             raise ConfigError(f"unknown lookup {lookup!r} for the hybrid; choose from {', '.join(LOOKUPS)}")
         return cls(LOOKUPS[lookup].for_target(target, **lookup_options),
                    HeadDrafter.for_target(target, path=path, tree_nodes=tree_nodes, tree_top_k=tree_top_k,
-                                          tree_first=tree_first), min_match, merge_weak)
+                                          tree_first=tree_first, first_threshold=first_threshold), min_match, merge_weak)
 
     def start(self, contexts: list[RequestContext]) -> None:
         self.lookup.start(contexts)
