@@ -79,8 +79,8 @@ class HeadDrafter(Drafter):
     ``tree_top_k`` most likely tokens, and the ``tree_nodes`` most likely nodes are verified, each
     root-to-leaf path a candidate; ``tree_first`` (default 0) of them are the most likely first tokens
     whatever deeper nodes score; ``first_threshold``: no draft at a step where the head's likeliest first
-    token is less likely than that (by name, :data:`DEFAULT_FIRST_THRESHOLD`; built directly, 0: a head
-    of unknown calibration drafts at every step). Tree candidates are deterministic (lossless under sampling too, as
+    token is less likely than that (by name, :data:`DEFAULT_FIRST_THRESHOLD` for the shipped head; for a head
+    given by ``path``, or built directly, 0: a head of unknown calibration drafts at every step). Tree candidates are deterministic (lossless under sampling too, as
     lookup trees are); chains are sampled from the draft law when the request samples.
 
     A head trained with ``token_layers`` = L reads the target's first L layers over each committed token
@@ -126,7 +126,11 @@ class HeadDrafter(Drafter):
     @classmethod
     def for_target(cls, target, path: str | None = None, tree_nodes: int = DEFAULT_TREE_NODES,
                    tree_top_k: int = 4, tree_first: int = DEFAULT_TREE_FIRST,
-                   first_threshold: float = DEFAULT_FIRST_THRESHOLD) -> "HeadDrafter":
+                   first_threshold: float | None = None) -> "HeadDrafter":
+        """``first_threshold`` unset: :data:`DEFAULT_FIRST_THRESHOLD` for the shipped head, whose calibration
+        it was chosen on; 0 for a head given by ``path`` (a few training steps leave a head unsure everywhere)."""
+        if first_threshold is None:
+            first_threshold = DEFAULT_FIRST_THRESHOLD if path is None else 0.0
         head, vocab_ids = load_for_target(target, path, "head")
         return cls(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k, tree_first=tree_first,
                    first_threshold=first_threshold)
