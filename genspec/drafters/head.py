@@ -228,9 +228,10 @@ class HeadDrafter(Drafter):
             if request.request_id not in self._rows:  # proposed for without start: no features yet
                 self.start([RequestContext(request.request_id, list(request.sequence))])
             row = self._rows[request.request_id]
-            if request.hidden is not None and len(request.hidden):
-                # cut to the committed tokens but the last: a request proposed for again after its batch's
-                # proposal failed (the engine retries each alone) hands the same states twice
+            if request.hidden is not None and len(request.hidden) and len(row.features) < len(request.sequence) - 1:
+                # cut to the committed tokens but the last; taken once: propose reads again after the engine's
+                # read, and a request proposed for again after its batch's proposal failed (the engine retries
+                # each alone) hands the same states twice
                 row.features = torch.cat([row.features, request.hidden.to(self.dtype)])[:len(request.sequence) - 1]
         if self.layer_states is not None:
             reading = [r for r in requests if r.max_tokens > 0]
@@ -252,30 +253,28 @@ class HeadDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> Draft:
         self.read(requests)
-        able = [self._able(r) for r in requests]
-        if self.first_threshold > 0 and any(able):
-            sure = iter(self._sure([requests[i] for i, ok in enumerate(able) if ok]))
-            able = [ok and next(sure) for ok in able]
-        active = [i for i, ok in enumerate(able) if ok]
+        active = [i for i, r in enumerate(requests) if self._able(r)]
+        # the first draft tokens' logits, once: for the threshold and for drafting
+        first = self.logits_of(torch.stack([self._rows[requests[i].request_id].root for i in active])) if active else None
+        if self.first_threshold > 0 and active:
+            sure = first.float().softmax(-1).amax(-1) >= self.first_threshold
+            active, first = [i for i, ok in zip(active, sure.tolist()) if ok], first[sure]
         if self.tree_nodes:
             trees: list[list[list[int]]] = [[] for _ in requests]
             if active:
-                for i, paths in zip(active, self._draft_tree([requests[i] for i in active])):
+                for i, paths in zip(active, self._draft_tree([requests[i] for i in active], first)):
                     trees[i] = paths
             return Draft.from_chains(trees, num_chains=self.max_candidates)
         chains: list[list[int]] = [[] for _ in requests]
         laws: list[list[torch.Tensor]] = [[] for _ in requests]
         if active:
-            self._draft([requests[i] for i in active], [chains[i] for i in active], [laws[i] for i in active])
+            self._draft([requests[i] for i in active], first, [chains[i] for i in active], [laws[i] for i in active])
         return chains_draft(chains, laws, self.vocab_size)
 
-    def _sure(self, requests: list[DraftRequest]) -> list[bool]:
-        """Per row: is the head's likeliest first token at least ``first_threshold`` likely?"""
-        roots = torch.stack([self._rows[r.request_id].root for r in requests])
-        return (self.logits_of(roots).float().softmax(-1).amax(-1) >= self.first_threshold).tolist()
-
-    def _draft(self, requests: list[DraftRequest], chains: list[list[int]], laws: list[list[torch.Tensor]]) -> None:
-        """Fill ``chains`` (and, for a sampled batch, ``laws``) for rows that can draft."""
+    def _draft(self, requests: list[DraftRequest], first: torch.Tensor, chains: list[list[int]],
+               laws: list[list[torch.Tensor]]) -> None:
+        """Fill ``chains`` (and, for a sampled batch, ``laws``) for rows that can draft (``first``: their first
+        draft tokens' logits)."""
         rows = [self._rows[r.request_id] for r in requests]
         contexts = [row.context for row in rows]
         keep_laws = not all(c.sampling.greedy for c in contexts)
@@ -285,7 +284,7 @@ class HeadDrafter(Drafter):
         drafted_k, drafted_v = [self._empty] * len(rows), [self._empty] * len(rows)
         for depth in range(max(need)):
             drawing = [depth < n for n in need]
-            law, tokens = draw(self.logits_of(predicted), self.vocab, self.vocab_size, contexts,
+            law, tokens = draw(first if depth == 0 else self.logits_of(predicted), self.vocab, self.vocab_size, contexts,
                                [s + c for s, c in zip(sequences, chains)], drawing)
             for r in range(len(rows)):
                 if drawing[r]:
@@ -314,8 +313,9 @@ class HeadDrafter(Drafter):
         above = sum((other.score, -other.depth) > (node.score, -node.depth) for other in nodes)
         return above < self.tree_nodes
 
-    def _draft_tree(self, requests: list[DraftRequest]) -> list[list[list[int]]]:
-        """Per row, the root-to-leaf paths of its dynamic draft tree, most likely first."""
+    def _draft_tree(self, requests: list[DraftRequest], first: torch.Tensor) -> list[list[list[int]]]:
+        """Per row, the root-to-leaf paths of its dynamic draft tree, most likely first (``first``: the first
+        draft tokens' logits)."""
         rows = [self._rows[r.request_id] for r in requests]
         sequences = [list(r.sequence) for r in requests]
         need = [r.max_tokens for r in requests]
@@ -324,10 +324,10 @@ class HeadDrafter(Drafter):
         nodes: list[list[TreeNode]] = [[] for _ in rows]
         expanded: list[list[int]] = [[] for _ in rows]  # nodes whose pairs ran, in order
 
-        def best(features: torch.Tensor):
-            """The ``tree_top_k`` most likely tokens after each predicted feature ``[..., H]``: (log-probs,
-            vocabulary indices) as nested lists, for all nodes of a depth in one head call."""
-            scores = self.logits_of(features).float().log_softmax(-1).topk(min(top_k, len(self.vocab)))
+        def best(logits: torch.Tensor):
+            """The ``tree_top_k`` most likely tokens of each row of ``logits`` ``[..., S]`` (the head's
+            vocabulary): (log-probs, vocabulary indices) as nested lists, for all nodes of a depth at once."""
+            scores = logits.float().log_softmax(-1).topk(min(top_k, len(self.vocab)))
             return scores.values.tolist(), scores.indices.tolist()
 
         def grow(r: int, parent: int, values: list[float], indices: list[int], base: float, depth: int) -> list[int]:
@@ -335,7 +335,7 @@ class HeadDrafter(Drafter):
             nodes[r] += [TreeNode(int(self.vocab[i]), parent, depth, base + v) for v, i in zip(values, indices)]
             return list(range(start, len(nodes[r])))
 
-        values, indices = best(root)
+        values, indices = best(first)
         frontier = [grow(r, -1, values[r], indices[r], 0.0, 1) if need[r] >= 1 else [] for r in range(len(rows))]
         for depth in range(2, max(need) + 1):
             chosen = [[i for i in sorted(f, key=lambda i, r=r: -nodes[r][i].score)[:top_k] if self.promising(nodes[r], i)]
@@ -359,7 +359,7 @@ class HeadDrafter(Drafter):
                 extra.append((torch.cat([nodes[r][a].state[1] for a in ran], dim=2) if ran else self._empty,
                               torch.cat([nodes[r][a].state[2] for a in ran], dim=2) if ran else self._empty, mask))
             out, k, v = self._run(rows, self._drafted(features, tokens), positions, [len(c) for c in chosen], extra)
-            values, indices = best(out)
+            values, indices = best(self.logits_of(out))
             for r, picked in enumerate(chosen):
                 frontier[r] = []
                 for j, i in enumerate(picked):
