@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable, Mapping
 
 from genspec.drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
@@ -88,6 +90,24 @@ DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
 }
 
 
+def _check_option_types(name: str, factory: Callable, options: Mapping[str, object]) -> None:
+    """A clear error for an option of the wrong type (``-O first_threshold=abc``), judged by the factory's
+    annotations where they name plain types; an int passes for a float."""
+    try:
+        hints = typing.get_type_hints(factory)
+    except (NameError, TypeError):  # annotations that do not resolve: left to the factory
+        return
+    for key, value in options.items():
+        want = hints.get(key)
+        allowed = typing.get_args(want) if isinstance(want, types.UnionType) else (want,)
+        if not all(isinstance(t, type) for t in allowed):
+            continue  # a generic such as list[str]: left to the factory
+        allowed += (int,) if float in allowed else ()
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed if t is not int or float not in allowed)
+            raise ConfigError(f"drafter {name!r} option {key}={value!r}: expected {names}")
+
+
 def build_drafter(name: str, target: CausalLM, **options) -> Drafter | None:
     """The drafter called ``name`` for ``target`` (None for ``"none"``)."""
     if name not in DRAFTERS:
@@ -95,6 +115,7 @@ def build_drafter(name: str, target: CausalLM, **options) -> Drafter | None:
     factory = DRAFTERS[name]
     if factory is None:
         return None
+    _check_option_types(name, factory, options)
     try:
         return factory(target, **options)
     except TypeError as exc:

@@ -66,6 +66,8 @@ def test_generate_with_edit_source(capsys, tmp_path, tiny_model_dir):
     (["--drafter", "early-exit", "-O", "exit_layer=9"], "exit layer must be in 1..2"),
     (["--drafter", "layer-skip", "-O", "skip=[0,7]"], "out of range"),
     (["--drafter", "early-exit", "-O", "bogus=1"], "does not take option"),
+    (["--drafter", "early-exit", "-O", "confidence_threshold=abc"], "confidence_threshold='abc': expected float"),
+    (["--drafter", "early-exit", "-O", "num_drafts=1.5"], "num_drafts=1.5: expected int"),
     (["--drafter", "hierarchical", "-O", "levels=quantized,prompt-lookup"], "cannot verify another drafter"),
     (["--drafter", "hierarchical", "-O", "levels=prompt-lookup,nope"], "unknown or unstackable level"),
     (["--drafter", "quantized", "-O", "draft_vocab_file=/no/file.json"], "not found"),
