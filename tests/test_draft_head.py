@@ -408,6 +408,8 @@ def test_the_weak_lookup_joins_the_heads_tree_as_one_more_candidate(tiny_target)
     alone = head.propose([DraftRequest(0, weak, 2), DraftRequest(1, fresh, 2)])
     assert merged.chains(0)[-1] == [8, 9] and merged.chains(0)[:-1] == alone.chains(0)
     assert merged.chains(1) == alone.chains(1)  # no match at all: the head's tree alone
+    # the draft-length policy prices the merged fallback's drafts as the head's tree, not as a chain
+    assert [hybrid.fallback.block_tokens(d) for d in (1, 2, 3)] == [head.block_tokens(d) for d in (1, 2, 3)] == [2, 3, 3]
 
 
 @pytest.mark.parametrize("token_layers, fused", [(0, ()), (1, ()), (0, (1,))])

@@ -70,6 +70,13 @@ class HeadAndWeakLookup(Drafter):
     def read(self, requests: list[DraftRequest]) -> None:
         self.head.read(requests)
 
+    def block_tokens(self, depth: int) -> int:
+        # the head's tree (a 4-node tree makes a 4-token block at every depth; the default, a chain's depth,
+        # priced its depth-1 draft at 1 token); a weak chain, in the rows that have one this step, adds up to
+        # ``depth`` more, not priced: the interface has no row, and on the 2-core EPYC a verify block of 8
+        # tokens costs 60 ms against 49-54 for 1-6 (benchmarks/results/verify_width_cost_packed.txt)
+        return self.head.block_tokens(depth)
+
     def propose(self, requests: list[DraftRequest]) -> Draft:
         draft = self.head.propose(requests)
         if draft.probs is not None:
