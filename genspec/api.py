@@ -102,9 +102,9 @@ def _check_option_types(name: str, factory: Callable, options: Mapping[str, obje
         allowed = typing.get_args(want) if isinstance(want, types.UnionType) else (want,)
         if not all(isinstance(t, type) for t in allowed):
             continue  # a generic such as list[str]: left to the factory
-        allowed += (int,) if float in allowed else ()
-        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed if t is not int or float not in allowed)
+        accepted = allowed + ((int,) if float in allowed else ())
+        if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in allowed):
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
             raise ConfigError(f"drafter {name!r} option {key}={value!r}: expected {names}")
 
 
