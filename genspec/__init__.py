@@ -7,6 +7,6 @@ __version__ = "0.1.0"
 
 from genspec.errors import (  # noqa: E402,F401
     ConfigError, ContextLengthError, GenerationError, GenspecError, InputFileError, NumericalError)
-from genspec.api import DRAFTERS, build_drafter, load, load_model  # noqa: E402,F401
+from genspec.api import DRAFTERS, Backend, build_drafter, load, load_model  # noqa: E402,F401
 from genspec.engine import GenerationConfig, SpeculativeEngine  # noqa: E402,F401
 from genspec.sampling import SamplingConfig  # noqa: E402,F401

@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import enum
+import importlib.util
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -43,9 +45,62 @@ def check_dtype(path: str | None, dtype: str) -> None:
                           f"{EMBEDDED_MODEL_FAILS_IN[dtype]}; use float32 (the default) or bfloat16")
 
 
-def load_model(path: str | None = None, dtype: str = "float32", device: str = "cpu") -> HFCausalLM:
-    """A target model from a local directory, or the embedded default (Gemma 3 270M) if ``path`` is None.
-    A dtype the embedded model cannot run in is refused before anything loads."""
+class Backend(str, enum.Enum):
+    """What runs the target model: ``torch`` (Hugging Face transformers: any local model directory, every
+    drafter, GPUs), ``llamacpp`` (llama.cpp on a GGUF file: the fastest on a CPU; drafters that read the
+    target's hidden states or reuse its weights need torch), or ``auto``: llamacpp for a ``.gguf`` path and
+    for the embedded model when llama-cpp-python is installed, torch otherwise."""
+
+    AUTO = "auto"
+    TORCH = "torch"
+    LLAMACPP = "llamacpp"
+
+    @classmethod
+    def parse(cls, value: "str | Backend") -> "Backend":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"unknown backend {value!r}; choose from: {', '.join(b.value for b in cls)}") from None
+
+
+def resolve_backend(path: str | None, backend: "str | Backend" = Backend.AUTO) -> Backend:
+    """The backend that will run the model at ``path`` (None: the embedded one), ``auto`` resolved."""
+    backend = Backend.parse(backend)
+    is_gguf = path is not None and str(path).endswith(".gguf")
+    if backend is Backend.AUTO:
+        if is_gguf:
+            return Backend.LLAMACPP
+        if path is None and importlib.util.find_spec("llama_cpp") is not None:
+            return Backend.LLAMACPP
+        return Backend.TORCH
+    if backend is Backend.TORCH and is_gguf:
+        raise ConfigError(f"{path} is a GGUF file: it runs on the llamacpp backend (--backend llamacpp)")
+    if backend is Backend.LLAMACPP and path is not None and not is_gguf:
+        raise ConfigError(f"the llamacpp backend runs a .gguf file; {path} is not one (use --backend torch for a "
+                          "Hugging Face model directory)")
+    return backend
+
+
+def load_model(path: str | None = None, dtype: str = "float32", device: str = "cpu",
+               backend: "str | Backend" = Backend.AUTO, max_rows: int | None = None) -> CausalLM:
+    """A target model from a local directory or GGUF file, or the embedded default (Gemma 3 270M) if ``path``
+    is None, on ``backend`` (see :class:`Backend`). A dtype the model cannot run in is refused before anything
+    loads; ``max_rows`` sizes a llamacpp model's sequences (default 8)."""
+    backend = resolve_backend(path, backend)
+    if backend is Backend.LLAMACPP:
+        if dtype != "float32":
+            raise ConfigError(f"dtype {dtype} applies to the torch backend; a GGUF model keeps its own quantisation")
+        from genspec.models.llamacpp import LlamaCppLM
+
+        if path is None:
+            from genspec.models.default import default_gguf_path
+
+            gguf = default_gguf_path()
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True)
+            return LlamaCppLM(gguf, tokenizer, max_rows=max_rows or 8, device=device)
+        return LlamaCppLM.from_gguf(path, max_rows=max_rows or 8, device=device)
     check_dtype(path, dtype)
     if path is None:
         from genspec.models.default import default_model_dir
@@ -59,9 +114,13 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
     return HFCausalLM.from_pretrained(path, dtype=dtype, device=device)
 
 
-def model_context(path: str | None = None) -> int | None:
-    """The context length (tokens) of the model at ``path`` (None: the embedded one), read from its
-    config.json without loading weights; None if it says none or cannot be read (loading then reports why)."""
+def model_context(path: str | None = None, backend: "str | Backend" = Backend.AUTO) -> int | None:
+    """The context length (tokens) of the model at ``path`` (None: the embedded one) on ``backend``, read
+    without loading weights; None if it says none or cannot be read (loading then reports why)."""
+    if resolve_backend(path, backend) is Backend.LLAMACPP:
+        from genspec.models.llamacpp import DEFAULT_CONTEXT, gguf_context
+
+        return DEFAULT_CONTEXT if path is None else gguf_context(path)
     if path is None:
         from genspec.models.default import default_model_dir
 
@@ -126,8 +185,10 @@ def build_drafter(name: str, target: CausalLM, **options) -> Drafter | None:
 
 def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: str | None = None,
          dtype: str = "float32", device: str = "cpu", extra_drafters: Mapping[str, Mapping] | None = None,
-         max_batch_size: int | None = None, **drafter_options) -> SpeculativeEngine:
-    """A ready :class:`SpeculativeEngine`: target from ``model`` (default: embedded), drafter by name.
+         max_batch_size: int | None = None, backend: "str | Backend" = Backend.AUTO,
+         **drafter_options) -> SpeculativeEngine:
+    """A ready :class:`SpeculativeEngine`: target from ``model`` (default: embedded) on ``backend``, drafter
+    by name.
 
     ``extra_drafters`` (name -> options) adds drafters a request may pick instead of the default with
     ``GenerationConfig(drafter=NAME)``; ``max_batch_size`` caps the running batch.
@@ -138,7 +199,7 @@ def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: 
             raise ConfigError(f"unknown drafter {name!r}; choose from: {', '.join(DRAFTERS)}")
         if name == "draft-model" and draft_model is None and "draft_model" not in extra.get(name, {}):
             raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
-    target = load_model(model, dtype=dtype, device=device)
+    target = load_model(model, dtype=dtype, device=device, backend=backend, max_rows=max_batch_size)
     if draft_model is not None:
         drafter_options["draft_model"] = draft_model
         for name, options in extra.items():

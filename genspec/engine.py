@@ -333,7 +333,8 @@ class SpeculativeEngine:
 
     ``drafters`` adds more drafters by name (a request picks one with ``GenerationConfig.drafter``);
     ``drafter``, if given, is the default and is also reachable under its ``name``.
-    ``max_batch_size`` caps the running batch (None: everything queued runs at once). ``cost_model``:
+    ``max_batch_size`` caps the running batch (None: everything queued runs at once, up to the target's
+    ``max_rows``). ``cost_model``:
     the target's verify costs the draft-length plan uses (default: measured as the engine runs).
     """
 
@@ -352,6 +353,8 @@ class SpeculativeEngine:
             self.drafters.setdefault(drafter.name, drafter)
             self.default_drafter = next(name for name, d in self.drafters.items() if d is drafter)
         self.drafter = drafter
+        if target.max_rows is not None:
+            max_batch_size = min(max_batch_size or target.max_rows, target.max_rows)
         self.max_batch_size = max_batch_size
         self.costs = cost_model or CostModel()  # the target's verify costs, by block size
         self._timed_shapes: set[tuple[int, int]] = set()  # (batch, width) verified once at least

@@ -20,7 +20,7 @@ from genspec.theory.leviathan import expected_tokens_per_call as expected_tokens
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RUN_KEYS = {"phase", "repeat", "method", "kind", "category", "question_id", "prompt_tokens", "new_tokens",
             "wall_time_s", "tokens_per_second", "token_ids", "stats", "steps", "forward", "error",
-            "matches_plain", "matches_hf_plain"}
+            "matches_plain", "matches_reference"}
 
 
 # ------------------------------------------------------------------------------------------ methods
@@ -95,7 +95,7 @@ def _run(method, kind, category, qid, repeat, wall, phase="main", k=None, error=
            "question_id": qid, "prompt_tokens": 20, "new_tokens": 10, "wall_time_s": wall,
            "tokens_per_second": 10 / wall, "token_ids": list(range(10)), "stats": None, "steps": None,
            "forward": None, "error": error, "matches_plain": None if method == PLAIN else True,
-           "matches_hf_plain": True if kind == "hf" and method != HF_PLAIN else None, "k": k}
+           "matches_reference": True if kind == "hf" and method != HF_PLAIN else None, "k": k}
     if method == PLAIN:
         run["stats"] = _genspec_stats([(0, 0)] * 10, 0.0, 0.9 * slow, wall)
         run["steps"] = [[0, 0]] * 10
@@ -154,9 +154,9 @@ def test_summary_pairs_speedups_per_repeat_and_skips_failed_calls():
         pl = _row(summary, category, "prompt-lookup")
         assert pl["speedup_vs_plain"]["median"] == pytest.approx(2.0)
         assert pl["speedup_vs_plain"]["min"] == pytest.approx(2.0) and pl["speedup_vs_plain"]["n"] == 2
-        assert pl["speedup_vs_hf_plain"]["median"] == pytest.approx(4.0)
+        assert pl["speedup_vs_reference"]["median"] == pytest.approx(4.0)
         # the failed call is left out of both sides of its pair, so the speedup stays exact
-        assert _row(summary, category, "hf-prompt-lookup")["speedup_vs_hf_plain"]["median"] == pytest.approx(2.0)
+        assert _row(summary, category, "hf-prompt-lookup")["speedup_vs_reference"]["median"] == pytest.approx(2.0)
     plain = _row(summary, "qa", PLAIN)["tokens_per_second"]
     assert plain["values"] == pytest.approx([10.0, 10 / 1.1])
     assert plain["min"] == pytest.approx(10 / 1.1) and plain["max"] == pytest.approx(10.0)
@@ -356,7 +356,7 @@ def test_full_tiny_run_writes_everything(tiny_run):
         if run["kind"] == "genspec" and run["method"] != PLAIN:
             assert run["matches_plain"] is True
         if run["kind"] == "hf" and run["method"] != HF_PLAIN:
-            assert run["matches_hf_plain"] is not None
+            assert run["matches_reference"] is not None
     # instrumented figures
     dm = next(r for r in main_runs if r["method"] == "draft-model:k=2:draft_length=fixed")
     assert dm["forward"]["draft_model_s"] > 0 and dm["forward"]["prefill_s"] > 0

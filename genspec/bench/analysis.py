@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import statistics
 
-from genspec.bench.methods import HF_PLAIN, PLAIN
+from genspec.bench.methods import HF_PLAIN, PLAIN, REFERENCES
 from genspec.theory.leviathan import expected_tokens_per_call
 
 ALL = "all"     # every prompt pooled
@@ -64,11 +64,19 @@ def _rate(runs: list[dict]) -> float | None:
     return sum(r["new_tokens"] for r in runs) / time_s if time_s > 0 else None
 
 
+def reference_method(results: dict) -> str:
+    """The run's reference method: its backend's plain decoding outside genspec (``hf-plain`` for runs
+    from before the llamacpp backend)."""
+    return REFERENCES.get(results.get("settings", {}).get("backend", "torch"), HF_PLAIN)
+
+
 def summarize(results: dict) -> dict:
     """Per (category, method) rows of the main phase (the k sweep has :func:`sweep_summary`), the mean
     over categories, theory and noise notes."""
-    runs = [r for r in results["runs"] if r.get("phase", "main") == "main"]
+    runs = [dict(r, matches_reference=r.get("matches_reference", r.get("matches_hf_plain")))  # older files' name
+            for r in results["runs"] if r.get("phase", "main") == "main"]
     methods = [m["name"] for m in results["methods"]]
+    reference = reference_method(results)
     kinds = {m["name"]: m["kind"] for m in results.get("methods", [])}
     kinds.update({r["method"]: r["kind"] for r in runs})
     categories = _order(runs, "category")
@@ -103,8 +111,8 @@ def summarize(results: dict) -> dict:
                    "errors": sorted({r["error"] for r in failed if r.get("error")}),
                    "tokens_per_second": spread(tps),
                    "speedup_vs_plain": spread([paired(method, PLAIN, cats, r) for r in repeats]),
-                   "speedup_vs_hf_plain": spread([paired(method, HF_PLAIN, cats, r) for r in repeats])}
-            row.update(_acceptance(pooled, method))
+                   "speedup_vs_reference": spread([paired(method, reference, cats, r) for r in repeats])}
+            row.update(_acceptance(pooled, method, reference))
             row.update(_greedy(pooled))
             row.update(_time_shares(pooled))
             plain_runs = [index[(PLAIN, c, r, q)] for r in repeats for c in cats for q in qids[c]
@@ -117,7 +125,7 @@ def summarize(results: dict) -> dict:
     for method in methods:  # the mean over categories, per repeat
         row = {"category": MEAN, "method": method, "kind": kinds.get(method, "genspec"),
                "prompts": sum(rows[(c, method)]["prompts"] for c in categories)}
-        for key in ("tokens_per_second", "speedup_vs_plain", "speedup_vs_hf_plain"):
+        for key in ("tokens_per_second", "speedup_vs_plain", "speedup_vs_reference"):
             per_repeat = []
             for i in range(len(repeats)):
                 values = [rows[(c, method)][key]["values"][i] if rows[(c, method)][key]
@@ -129,7 +137,7 @@ def summarize(results: dict) -> dict:
         rows[(MEAN, method)] = row
 
     table = [rows[(g, m)] for g in [MEAN, ALL] + categories for m in methods]
-    return {"categories": categories, "methods": methods, "repeats": len(repeats), "rows": table,
+    return {"categories": categories, "methods": methods, "repeats": len(repeats), "reference": reference, "rows": table,
             "noise": noise_notes(table, methods, [MEAN] + categories)}
 
 
@@ -141,9 +149,9 @@ def _order(runs: list[dict], key: str) -> list:
     return seen
 
 
-def _acceptance(runs: list[dict], method: str) -> dict:
+def _acceptance(runs: list[dict], method: str, reference: str) -> dict:
     stats = [r["stats"] for r in runs if r.get("stats")]
-    if method in (PLAIN, HF_PLAIN):
+    if method in (PLAIN, reference):
         return {"acceptance_rate": None, "mean_accepted_length": 1.0 if runs else None,
                 "acceptance_per_position": [], "drafted_tokens": 0}
     if not stats:
@@ -165,7 +173,7 @@ def _acceptance(runs: list[dict], method: str) -> dict:
 
 def _greedy(runs: list[dict]) -> dict:
     out = {}
-    for key in ("matches_plain", "matches_hf_plain"):
+    for key in ("matches_plain", "matches_reference"):
         values = [r.get(key) for r in runs if r.get(key) is not None]
         out[key] = [sum(values), len(values)] if values else None
     return out
@@ -282,7 +290,7 @@ def sweep_summary(results: dict) -> list[dict]:
         for repeat in sorted({r["repeat"] for r in mine}):
             ok = [r for r in mine if r["repeat"] == repeat and _ok(r)]
             per_repeat.append(_rate(ok) if ok else None)
-        acc = _acceptance([r for r in mine if _ok(r)], method)
+        acc = _acceptance([r for r in mine if _ok(r)], method, reference_method(results))
         k = next((r.get("k") for r in mine if r.get("k") is not None), None)
         out.append({"method": method, "k": k, "tokens_per_second": spread(per_repeat),
                     "mean_accepted_length": acc["mean_accepted_length"], "acceptance_rate": acc["acceptance_rate"]})

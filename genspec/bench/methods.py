@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from genspec.errors import ConfigError
 
 PLAIN = "plain"          # genspec plain decoding: the baseline of every speedup
-HF_PLAIN = "hf-plain"    # transformers generate(), greedy: the second baseline
+HF_PLAIN = "hf-plain"    # transformers generate(), greedy: the reference on the torch backend
+LLAMACPP_PLAIN = "llamacpp-plain"  # llama-cpp-python's own decoding: the reference on the llamacpp backend
+#: the reference every method is also compared with: the plain decoding of the engine users would run
+#: instead, by backend (always runs second)
+REFERENCES = {"torch": HF_PLAIN, "llamacpp": LLAMACPP_PLAIN}
 
 #: HF baseline name -> what it adds to ``generate()`` (``None``: filled in once the model is known)
 HF_METHODS: dict[str, dict] = {
@@ -28,6 +32,12 @@ HF_METHODS: dict[str, dict] = {
     "hf-prompt-lookup": {"prompt_lookup_num_tokens": 10},
     "hf-assisted": {},                       # + assistant_model (needs --draft-model)
     "hf-early-exit": {"assistant_early_exit": None},  # default: a quarter of the layers, like genspec's
+}
+
+#: llama-cpp-python baseline name -> its options (``LlamaPromptLookupDecoding``'s for the lookup)
+LLAMACPP_METHODS: dict[str, tuple[str, ...]] = {
+    LLAMACPP_PLAIN: (),
+    "llamacpp-lookup": ("num_pred_tokens", "max_ngram_size"),
 }
 
 #: method-level keys that tune genspec's engine rather than the drafter
@@ -40,7 +50,7 @@ class MethodSpec:
     """One decoding method of a benchmark run."""
 
     name: str                      # the label in tables and plots (the spec as written)
-    kind: str                      # "genspec" or "hf"
+    kind: str                      # "genspec", "hf" or "llamacpp"
     base: str                      # drafter name ("none" for plain) or HF method name
     options: dict = field(default_factory=dict)           # drafter options / extra generate() kwargs
     config_overrides: dict = field(default_factory=dict)  # genspec GenerationConfig fields
@@ -76,8 +86,9 @@ def _value(text: str):
         return text
 
 
-def parse_method(text: str, draft_model: str | None = None) -> MethodSpec:
-    """One method spec; raises :class:`ConfigError` with a one-line reason when it is not valid."""
+def parse_method(text: str, draft_model: str | None = None, backend: str = "torch") -> MethodSpec:
+    """One method spec for a run on ``backend`` (``torch`` or ``llamacpp``); raises :class:`ConfigError`
+    with a one-line reason when it is not valid."""
     from genspec.api import DRAFTERS as drafters
     head, *option_texts = split_top_level(text, ":")
     name = head.strip()
@@ -92,7 +103,20 @@ def parse_method(text: str, draft_model: str | None = None) -> MethodSpec:
         if options:
             raise ConfigError(f"method {text!r}: plain decoding takes no options")
         return MethodSpec(PLAIN, "genspec", "none")
+    if name in LLAMACPP_METHODS:
+        if backend != "llamacpp":
+            raise ConfigError(f"method {name!r} runs llama-cpp-python on a GGUF file: it needs --backend llamacpp")
+        unknown = sorted(set(options) - set(LLAMACPP_METHODS[name]))
+        if unknown:
+            raise ConfigError(f"method {text!r}: unknown option {unknown[0]!r}"
+                              + (f"; it takes {', '.join(LLAMACPP_METHODS[name])}" if LLAMACPP_METHODS[name] else ""))
+        for key, value in options.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"method {text!r}: {key} must be an integer >= 1, got {value!r}")
+        return MethodSpec(text.strip(), "llamacpp", name, options)
     if name in HF_METHODS:
+        if backend != "torch":
+            raise ConfigError(f"method {name!r} runs transformers: it needs --backend torch")
         if name == "hf-assisted" and draft_model is None:
             raise ConfigError("method 'hf-assisted' needs a draft model (--draft-model PATH)")
         if name == HF_PLAIN and options:
@@ -100,7 +124,7 @@ def parse_method(text: str, draft_model: str | None = None) -> MethodSpec:
         _check_hf_options(text, options)
         return MethodSpec(text.strip(), "hf", name, options)
     if name not in drafters:
-        choices = [n for n in drafters if n != "none"] + list(HF_METHODS)
+        choices = [n for n in drafters if n != "none"] + list(HF_METHODS) + list(LLAMACPP_METHODS)
         raise ConfigError(f"unknown method {name!r}; choose from: {PLAIN}, {', '.join(choices)}")
     for key in list(options):
         if key in ENGINE_KEYS:
@@ -128,11 +152,14 @@ def _check_hf_options(text: str, options: dict) -> None:
             raise ConfigError(f"method {text!r}: {key!r} is not a transformers generate() option")
 
 
-def parse_methods(text: str, draft_model: str | None = None) -> list[MethodSpec]:
-    """The methods to benchmark, with genspec ``plain`` first and ``hf-plain`` second (both always
-    run: every speedup is reported against each) and no duplicates."""
-    specs = [parse_method(part, draft_model=draft_model) for part in split_top_level(text or "")]
-    ordered = [MethodSpec(PLAIN, "genspec", "none"), MethodSpec(HF_PLAIN, "hf", HF_PLAIN)]
+def parse_methods(text: str, draft_model: str | None = None, backend: str = "torch") -> list[MethodSpec]:
+    """The methods to benchmark on ``backend``, with genspec ``plain`` first and the backend's reference
+    (:data:`REFERENCES`: ``hf-plain`` or ``llamacpp-plain``) second (both always run: every speedup is
+    reported against each) and no duplicates."""
+    specs = [parse_method(part, draft_model=draft_model, backend=backend) for part in split_top_level(text or "")]
+    reference = REFERENCES[backend]
+    ordered = [MethodSpec(PLAIN, "genspec", "none"),
+               MethodSpec(reference, "hf" if reference == HF_PLAIN else "llamacpp", reference)]
     for spec in specs:
         if spec.name not in {s.name for s in ordered}:
             ordered.append(spec)

@@ -1,7 +1,7 @@
 """``report.md`` from a results dictionary (the content of ``results.json``): pure text, no model."""
 from __future__ import annotations
 
-from genspec.bench.analysis import ALL, MEAN, summarize, sweep_summary
+from genspec.bench.analysis import ALL, MEAN, reference_method, summarize, sweep_summary
 from genspec.bench.methods import PLAIN
 
 
@@ -46,29 +46,29 @@ def _label(row: dict, default_method: str | None) -> str:
     return name
 
 
-def category_table(rows: list[dict], default_method: str | None) -> list[str]:
-    header = ["method", "tok/s", "speedup vs plain", "vs hf-plain", "mean accepted", "acceptance",
+def category_table(rows: list[dict], default_method: str | None, reference: str) -> list[str]:
+    header = ["method", "tok/s", "speedup vs plain", f"vs {reference}", "mean accepted", "acceptance",
               "greedy = plain", "predicted", "measured / predicted"]
     lines = []
     for row in rows:
         theory = row.get("theory") or {}
         match = row.get("matches_plain")
-        if row["kind"] == "hf" and row.get("matches_hf_plain"):
-            match_text = f"{_match(match)} (hf-plain: {_match(row['matches_hf_plain'])})"
+        if row["kind"] != "genspec" and row.get("matches_reference"):
+            match_text = f"{_match(match)} ({reference}: {_match(row['matches_reference'])})"
         else:
             match_text = _match(match)
         lines.append([_label(row, default_method), _spread(row["tokens_per_second"], "{:.1f}"),
-                      _spread(row["speedup_vs_plain"], suffix="x"), _spread(row["speedup_vs_hf_plain"], suffix="x"),
+                      _spread(row["speedup_vs_plain"], suffix="x"), _spread(row["speedup_vs_reference"], suffix="x"),
                       _num(row.get("mean_accepted_length")), _num(row.get("acceptance_rate")), match_text,
                       _num(theory.get("predicted_speedup"), "{:.2f}x"), _num(theory.get("efficiency"))])
     return _table(header, lines)
 
 
-def mean_table(rows: list[dict], default_method: str | None) -> list[str]:
-    header = ["method", "tok/s (mean of categories)", "speedup vs plain", "vs hf-plain",
+def mean_table(rows: list[dict], default_method: str | None, reference: str) -> list[str]:
+    header = ["method", "tok/s (mean of categories)", "speedup vs plain", f"vs {reference}",
               "categories slower than plain"]
     lines = [[_label(r, default_method), _spread(r["tokens_per_second"], "{:.1f}"),
-              _spread(r["speedup_vs_plain"], suffix="x"), _spread(r["speedup_vs_hf_plain"], suffix="x"),
+              _spread(r["speedup_vs_plain"], suffix="x"), _spread(r["speedup_vs_reference"], suffix="x"),
               ", ".join(r.get("categories_slower_than_plain") or []) or "none"] for r in rows]
     return _table(header, lines)
 
@@ -150,6 +150,7 @@ FAIRNESS = [
 def write_report(results: dict) -> str:
     """The whole ``report.md`` text."""
     summary = results.get("summary") or summarize(results)
+    summary.setdefault("reference", reference_method(results))
     rows = summary["rows"]
     default_method = results.get("settings", {}).get("default_method")
     lines = ["# genspec bench", "", f"Run {results.get('created', '')}: `{results.get('command', 'genspec bench')}`", ""]
@@ -175,7 +176,7 @@ def write_report(results: dict) -> str:
     lines += ["## Summary: mean over categories", "",
               "Speedups are per repeat means over the categories of the per-category speedup (Spec-Bench style); "
               "cells show the median over repeats [min–max].", ""]
-    lines += mean_table([r for r in rows if r["category"] == MEAN], default_method) + [""]
+    lines += mean_table([r for r in rows if r["category"] == MEAN], default_method, summary["reference"]) + [""]
     lines += ["![speedup per category](speedup_by_category.png)", ""]
     lines += ["## Within noise", "",
               "Two methods are within noise when their speedup ranges over the repeats overlap; a method is not "
@@ -188,7 +189,8 @@ def write_report(results: dict) -> str:
     for category in [ALL] + summary["categories"]:
         title = "all prompts pooled" if category == ALL else category
         lines += [f"### {title}", ""]
-        lines += category_table([r for r in rows if r["category"] == category], default_method) + [""]
+        lines += category_table([r for r in rows if r["category"] == category], default_method,
+                                summary["reference"]) + [""]
     pooled_rows = [r for r in rows if r["category"] == ALL]
     lines += ["## Diagnostics (all prompts pooled)", "",
               "`alpha`: per-token acceptance (accepted / (accepted + rejections)); `c`: drafting time per drafted "

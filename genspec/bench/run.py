@@ -44,9 +44,15 @@ def machine_info() -> dict:
 
 
 def model_info(path, target) -> dict:
+    from genspec.models.hf import HFCausalLM
+
+    if not isinstance(target, HFCausalLM):  # a GGUF file on llama.cpp
+        return {"path": str(path), "backend": "llamacpp", "vocab_size": target.vocab_size,
+                "max_context": target.max_context, "max_rows": target.max_rows}
     config = getattr(target.model, "config", None)
     head = target.lm_head
-    return {"path": str(path), "architecture": (getattr(config, "architectures", None) or [type(target.model).__name__])[0],
+    return {"path": str(path), "backend": "torch",
+            "architecture": (getattr(config, "architectures", None) or [type(target.model).__name__])[0],
             "num_layers": target.num_layers, "vocab_size": target.vocab_size, "dtype": str(target.dtype),
             "max_context": target.max_context,
             # the LM head's kernel per row count when the run ended (timed per process: models/head.py)
@@ -57,7 +63,7 @@ def model_info(path, target) -> dict:
 def execute(s: dict, prompts, console, command: str) -> dict:
     import genspec
     from genspec.bench.hf_baselines import ForwardClock, HFDecoder, StepLog, load_hf_model
-    from genspec.bench.methods import HF_PLAIN, drafter_options, sweep_methods
+    from genspec.bench.methods import HF_PLAIN, LLAMACPP_PLAIN, drafter_options, sweep_methods
     from genspec.bench.runner import GenspecDecoder, encode_all, run_interleaved, warm_up
     from genspec.engine import GenerationConfig
 
@@ -73,11 +79,13 @@ def execute(s: dict, prompts, console, command: str) -> dict:
                               rule="overaccept")
     with console.status("loading the target model (genspec)"):
         model_path = s["model"]
-        target = genspec.load_model(None if model_path is None else str(model_path), dtype=s["dtype"])
+        backend = s.get("backend", "torch")
+        target = genspec.load_model(None if model_path is None else str(model_path), dtype=s["dtype"],
+                                    backend=backend, max_rows=1)
         if model_path is None:  # the embedded model (load_model refuses a dtype it cannot run in)
-            from genspec.models.default import default_model_dir
+            from genspec.models.default import default_gguf_path, default_model_dir
 
-            model_path = default_model_dir()
+            model_path = default_gguf_path() if backend == "llamacpp" else default_model_dir()
     eos = list(target.eos_token_ids)  # what generate() stops at too: the tokenizer's and the model's
     config = replace(config, eos_token_ids=tuple(eos))
     drafters = {}
@@ -100,14 +108,22 @@ def execute(s: dict, prompts, console, command: str) -> dict:
             decoders[spec.name] = GenspecDecoder(spec, target, drafter_for(spec) if spec.base != "none" else None,
                                                  target.tokenizer)
     hf_specs = [m for m in main_specs if m.kind == "hf"]
-    with console.status("loading an untouched copy of the model for the transformers baselines"):
-        hf_model = load_hf_model(model_path, s["dtype"])
-        assistant = load_hf_model(s["draft_model"], s["dtype"]) if any(m.base == "hf-assisted" for m in hf_specs) else None
-    pad = getattr(target.tokenizer, "pad_token_id", None)
-    clock, log = ForwardClock().attach(hf_model), StepLog(hf_model)  # observed once, shared by the HF methods
-    for spec in hf_specs:
-        decoders[spec.name] = HFDecoder(spec, hf_model, clock, log, eos, pad,
-                                        assistant if spec.base == "hf-assisted" else None, num_layers=target.num_layers)
+    if hf_specs:
+        with console.status("loading an untouched copy of the model for the transformers baselines"):
+            hf_model = load_hf_model(model_path, s["dtype"])
+            assistant = (load_hf_model(s["draft_model"], s["dtype"]) if any(m.base == "hf-assisted" for m in hf_specs)
+                         else None)
+        pad = getattr(target.tokenizer, "pad_token_id", None)
+        clock, log = ForwardClock().attach(hf_model), StepLog(hf_model)  # observed once, shared by the HF methods
+        for spec in hf_specs:
+            decoders[spec.name] = HFDecoder(spec, hf_model, clock, log, eos, pad,
+                                            assistant if spec.base == "hf-assisted" else None,
+                                            num_layers=target.num_layers)
+    for spec in (m for m in main_specs if m.kind == "llamacpp"):
+        from genspec.bench.llamacpp_baselines import LlamaCppDecoder
+
+        with console.status(f"loading llama-cpp-python's own Llama for {spec.name}"):
+            decoders[spec.name] = LlamaCppDecoder(spec, model_path, eos, context=target.max_context)
     main = [decoders[m.name] for m in main_specs]
     if s["sweep_method"] and s["sweep_method"].name not in {m.name for m in main_specs}:
         sweep_decoders.append(decoders[s["sweep_method"].name])
@@ -197,9 +213,11 @@ def execute(s: dict, prompts, console, command: str) -> dict:
     settings.update(out=str(s["out"]), sweep_prompts=len(sweep_keys), sweep_method=s["sweep_method"].name if s["sweep_method"] else None,
                     eos_token_ids=eos, model=str(model_path), prompts_skipped=skipped,
                     hf_generate={d.name: d.settings for d in main if d.kind == "hf"},
+                    llamacpp_baselines={d.name: d.settings for d in main if d.kind == "llamacpp"},
                     genspec_methods={d.name: d.settings for d in main + sweep_decoders if d.kind == "genspec"},
                     baselines={"plain": "genspec SpeculativeEngine without a drafter (same code path, same kernels)",
-                               HF_PLAIN: "transformers generate(), greedy, stock model loaded separately"})
+                               HF_PLAIN: "transformers generate(), greedy, stock model loaded separately",
+                               LLAMACPP_PLAIN: "llama-cpp-python Llama.generate(), the same GGUF file loaded separately"})
     return {"format": 1, "interrupted": interrupted, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
             "machine": machine_info(), "model": model_info(model_path, target), "settings": settings,
             "methods": [m.to_dict() for m in main_specs],

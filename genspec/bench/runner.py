@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from genspec.bench.methods import REFERENCES
 from genspec.bench.prompts import BenchPrompt, encode_prompt
 from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.models.base import CausalLM
@@ -84,7 +85,8 @@ def run_interleaved(decoders: list, prompts: list[BenchPrompt], prompt_ids: list
     first after a context switch); garbage collection is paused during each timed call; the
     same seed is used for every call. A decoder that raises is recorded with its error and the run
     goes on. ``matches_plain`` compares greedy outputs with the first decoder's (genspec plain);
-    ``matches_hf_plain`` HF methods' with ``hf-plain`` (the same numerics)."""
+    ``matches_reference`` the outside engines' methods with that engine's plain decoding (``hf-plain``,
+    ``llamacpp-plain``: the same numerics)."""
     records = []
     seed = config.seed if config.seed is not None else 0
     for repeat in range(repeats):
@@ -101,7 +103,7 @@ def run_interleaved(decoders: list, prompts: list[BenchPrompt], prompt_ids: list
                           "prompt_tokens": len(ids), "error": None}
                 gc.disable()  # no collection pause inside a timed call (it runs between calls instead)
                 try:
-                    if decoder.kind == "hf":
+                    if decoder.kind != "genspec":  # an outside engine's baseline
                         out = decoder.decode(ids, config.max_new_tokens, config.sampling, seed)
                     else:
                         out = decoder.decode(ids, replace(config, seed=seed))
@@ -118,17 +120,19 @@ def run_interleaved(decoders: list, prompts: list[BenchPrompt], prompt_ids: list
                 if on_progress:
                     on_progress("", record)
             greedy = config.temperature == 0
-            plain, hf_plain = outputs.get(decoders[0].name), outputs.get("hf-plain")
+            plain = outputs.get(decoders[0].name)
+            references = {d.kind: outputs[d.name] for d in decoders if d.name in REFERENCES.values()}
             for decoder in decoders:  # records in the methods' order, whatever order they ran in
                 record = outputs[decoder.name]
                 ok = record["error"] is None
                 record["matches_plain"] = (record["token_ids"] == plain["token_ids"]
                                            if greedy and ok and plain and plain["error"] is None
                                            and decoder is not decoders[0] else None)
-                record["matches_hf_plain"] = (record["token_ids"] == hf_plain["token_ids"]
-                                              if greedy and ok and decoder.kind == "hf" and hf_plain
-                                              and hf_plain["error"] is None and decoder.name != "hf-plain"
-                                              else None)
+                reference = references.get(decoder.kind)
+                record["matches_reference"] = (record["token_ids"] == reference["token_ids"]
+                                               if greedy and ok and decoder.kind != "genspec" and reference
+                                               and reference["error"] is None and reference is not record
+                                               else None)
                 records.append(record)
     return records
 
@@ -137,7 +141,7 @@ def warm_up(decoders: list, ids: list[int], config: GenerationConfig) -> None:
     """One short untimed generation per decoder (first-call allocations, lazy initialisation)."""
     for decoder in decoders:
         try:
-            if decoder.kind == "hf":
+            if decoder.kind != "genspec":
                 decoder.decode(ids, 4, config.sampling, 0)
             else:
                 decoder.decode(ids, replace(config, max_new_tokens=4, seed=0))

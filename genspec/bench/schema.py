@@ -50,7 +50,8 @@ class Run(_Record):
     steps: list[tuple[int, int]] | None = None
     forward: Forward | None = None
     matches_plain: bool | None = None
-    matches_hf_plain: bool | None = None
+    matches_reference: bool | None = None
+    matches_hf_plain: bool | None = None  # the name of matches_reference in results written before it
     k: int | None = None
 
     @model_validator(mode="after")

@@ -18,11 +18,15 @@ from pathlib import Path
 
 from genspec.errors import ConfigError, InputFileError
 
-DEFAULT_METHODS = "prompt-lookup,quantized,hierarchical:levels=prompt-lookup+quantized,hf-prompt-lookup,hf-early-exit"
+#: the methods of a run by backend (plain and the backend's reference baseline always run too)
+DEFAULT_METHODS = {"torch": "prompt-lookup,quantized,hierarchical:levels=prompt-lookup+quantized,hf-prompt-lookup,"
+                            "hf-early-exit",
+                   "llamacpp": "prompt-lookup,suffix,llamacpp-lookup"}
 WITH_DRAFT_MODEL = ",draft-model,hf-assisted"
-#: --quick: two short prompts, both baselines, genspec's default setting and HF prompt lookup, one repeat
-#: (a smoke test and a first look; use --repeats 3 or more for figures with a spread)
-QUICK = {"methods": "prompt-lookup,hf-prompt-lookup", "categories": "coding,extraction", "num_prompts": 1,
+#: --quick: two short prompts, both baselines, genspec's default setting and the outside engine's prompt
+#: lookup, one repeat (a smoke test and a first look; use --repeats 3 or more for figures with a spread)
+QUICK_METHODS = {"torch": "prompt-lookup,hf-prompt-lookup", "llamacpp": "prompt-lookup,llamacpp-lookup"}
+QUICK = {"categories": "coding,extraction", "num_prompts": 1,
          "max_new_tokens": 32, "repeats": 1, "k_sweep": "2,8", "sweep_prompts": 1}
 DEFAULTS = {"categories": None, "num_prompts": 2, "max_new_tokens": 128, "repeats": 3, "k_sweep": None,
             "sweep_prompts": 2}
@@ -36,15 +40,22 @@ def add_parser(subparsers) -> None:
         description="Decode Spec-Bench prompts with plain decoding, genspec's methods and Hugging Face "
                     "baselines, interleaved in one process; write results.json, report.md and PNG plots.",
         epilog="examples:\n" + __doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("--model", metavar="PATH", help="target model directory (default: embedded Gemma 3 270M)")
+    bench.add_argument("--model", metavar="PATH", help="target model directory or .gguf file (default: embedded "
+                                                       "Gemma 3 270M)")
+    bench.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
+                       help="what runs the target (see genspec generate --help); the reference baseline is its own "
+                            "plain decoding: hf-plain on torch, llamacpp-plain on llamacpp")
     bench.add_argument("--draft-model", metavar="PATH",
                        help="draft model directory: enables the draft-model and hf-assisted methods")
     bench.add_argument("--methods", metavar="LIST",
                        help="comma-separated methods NAME[:KEY=VALUE...]: genspec drafters (prompt-lookup, "
                             "quantized, early-exit:exit_layer=4, hierarchical:levels=prompt-lookup+quantized, "
                             "prompt-lookup:k=4:draft_length=fixed, ...) and HF baselines (hf-prompt-lookup, "
-                            "hf-early-exit[:assistant_early_exit=L], hf-assisted). plain and hf-plain always run. "
-                            f"Default: {DEFAULT_METHODS} (+{WITH_DRAFT_MODEL[1:]} with --draft-model)")
+                            "hf-early-exit[:assistant_early_exit=L], hf-assisted; --backend torch) and llama-cpp-python "
+                            "baselines (llamacpp-lookup[:num_pred_tokens=N]; --backend llamacpp). plain and the "
+                            "backend's reference (hf-plain or llamacpp-plain) always run. "
+                            f"Default: {DEFAULT_METHODS['llamacpp']} on llamacpp, {DEFAULT_METHODS['torch']} on torch "
+                            f"(+{WITH_DRAFT_MODEL[1:]} with --draft-model)")
     bench.add_argument("--categories", metavar="LIST",
                        help="Spec-Bench categories (default: all 13), and/or genspec's grammar-correction task 'edit' and "
                             "the repeated-traffic replay 'repeated' (multi-turn chat and repeated questions)")
@@ -88,8 +99,6 @@ def resolve_settings(args) -> dict:
     preset = QUICK if args.quick else DEFAULTS
     pick = {key: getattr(args, key) if getattr(args, key) is not None else preset.get(key, DEFAULTS.get(key))
             for key in ("categories", "num_prompts", "max_new_tokens", "repeats", "k_sweep", "sweep_prompts")}
-    methods_text = args.methods if args.methods is not None else (
-        QUICK["methods"] if args.quick else DEFAULT_METHODS + (WITH_DRAFT_MODEL if args.draft_model else ""))
     if pick["categories"] is None:
         categories = list(CATEGORIES)
     else:
@@ -115,20 +124,30 @@ def resolve_settings(args) -> dict:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     if args.draft_model is not None and not Path(args.draft_model).is_dir():
         raise InputFileError(f"no draft model at {args.draft_model}: expected a directory")
-    if args.model is not None and not (Path(args.model) / "config.json").is_file():
+    from genspec.api import resolve_backend
+
+    backend = resolve_backend(args.model, args.backend).value
+    methods_text = args.methods if args.methods is not None else (
+        QUICK_METHODS[backend] if args.quick else
+        DEFAULT_METHODS[backend] + (WITH_DRAFT_MODEL if args.draft_model and backend == "torch" else ""))
+    if args.model is not None and backend == "torch" and not (Path(args.model) / "config.json").is_file():
         raise InputFileError(f"no model at {args.model}: expected a directory with config.json and weights")
-    methods = parse_methods(methods_text, draft_model=args.draft_model)
+    if args.model is not None and backend == "llamacpp" and not Path(args.model).is_file():
+        raise InputFileError(f"no GGUF model at {args.model}")
+    if backend == "llamacpp" and args.dtype != "float32":
+        raise ConfigError(f"--dtype {args.dtype} applies to the torch backend; a GGUF model keeps its own quantisation")
+    methods = parse_methods(methods_text, draft_model=args.draft_model, backend=backend)
     genspec_methods = [m for m in methods if m.kind == "genspec" and m.base != "none"]
     sweep_ks, sweep_method = [], None
     if pick["k_sweep"]:
         sweep_ks = parse_int_list(pick["k_sweep"], "--k-sweep")
         if args.sweep_method:
-            sweep_method = parse_method(args.sweep_method, draft_model=args.draft_model)
+            sweep_method = parse_method(args.sweep_method, draft_model=args.draft_model, backend=backend)
         elif genspec_methods:
             sweep_method = genspec_methods[0]
         else:
             raise ConfigError("--k-sweep needs a genspec method: add one to --methods or give --sweep-method")
-    return {"model": args.model, "draft_model": args.draft_model, "methods": methods, "categories": categories,
+    return {"model": args.model, "backend": backend, "draft_model": args.draft_model, "methods": methods, "categories": categories,
             "num_prompts": pick["num_prompts"], "skip_prompts": args.skip_prompts,
             "max_new_tokens": pick["max_new_tokens"],
             "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "repeats": pick["repeats"],
@@ -153,6 +172,7 @@ def command_line(s: dict) -> str:
     parts = ["genspec", "bench"]
     if s["model"]:
         parts += ["--model", str(s["model"])]
+    parts += ["--backend", s.get("backend", "torch")]
     if s["draft_model"]:
         parts += ["--draft-model", str(s["draft_model"])]
     parts += ["--methods", ",".join(m.name for m in s["methods"]), "--categories", ",".join(s["categories"]),
@@ -240,13 +260,13 @@ def print_summary(results: dict, written: list[Path], console) -> None:
     summary = results["summary"]
     table = Table(title=f"genspec bench: mean over {len(summary['categories'])} categories, "
                         f"median of {summary['repeats']} repeat(s)")
-    for column in ("method", "tok/s", "vs plain", "vs hf-plain", "accepted/call", "greedy=plain"):
+    for column in ("method", "tok/s", "vs plain", f"vs {summary['reference']}", "accepted/call", "greedy=plain"):
         table.add_column(column, justify="left" if column == "method" else "right")
     rows = {(r["category"], r["method"]): r for r in summary["rows"]}
     for method in summary["methods"]:
         mean, pooled = rows[(MEAN, method)], rows[(ALL, method)]
         table.add_row(method, median(mean["tokens_per_second"], "{:.1f}"), median(mean["speedup_vs_plain"], suffix="x"),
-                      median(mean["speedup_vs_hf_plain"], suffix="x"), _num(pooled.get("mean_accepted_length")),
+                      median(mean["speedup_vs_reference"], suffix="x"), _num(pooled.get("mean_accepted_length")),
                       _match(pooled.get("matches_plain")))
     Console(width=max(100, Console().width)).print(table)
     elapsed = results.get("elapsed_s")

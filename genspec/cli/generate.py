@@ -10,7 +10,9 @@ from genspec.errors import ConfigError, ContextLengthError, InputFileError
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="PATH", help="local model directory (default: embedded Gemma 3 270M)")
+    parser.add_argument("--model", metavar="PATH", help="local model directory or .gguf file (default: embedded "
+                                                        "Gemma 3 270M)")
+    add_backend_argument(parser)
     parser.add_argument("--drafter", default="prompt-lookup", help="speculator: none, prompt-lookup, draft-model, early-exit, layer-skip, quantized, hierarchical, ...")
     parser.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
     parser.add_argument("--num-drafts", type=int, default=1, help="independent draft chains verified as a tree")
@@ -44,6 +46,13 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
 
 
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
+                        help="what runs the target: llamacpp (a GGUF file on llama.cpp, the fastest on a CPU), torch "
+                             "(transformers: model directories, every drafter, GPUs) or auto (default: llamacpp for a "
+                             ".gguf file and for the embedded model when llama-cpp-python is installed)")
+
+
 def parse_option(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, lists), else as a string."""
     key, sep, value = text.partition("=")
@@ -74,13 +83,17 @@ def drafter_options(args) -> dict:
     return options
 
 
-def check_model(model: str | None, dtype: str, max_new_tokens: int) -> None:
-    """Refuse, before the model loads, a dtype it cannot run in and a ``--max-new-tokens`` that no prompt
-    leaves room for in its context (read from its config.json)."""
-    from genspec.api import check_dtype, model_context
+def check_model(model: str | None, dtype: str, max_new_tokens: int, backend: str = "auto") -> None:
+    """Refuse, before the model loads, a dtype it cannot run in, a backend that cannot run it and a
+    ``--max-new-tokens`` that no prompt leaves room for in its context (read from its config.json or GGUF
+    metadata)."""
+    from genspec.api import Backend, check_dtype, model_context, resolve_backend
 
-    check_dtype(model, dtype)
-    context = model_context(model)
+    if resolve_backend(model, backend) is Backend.TORCH:
+        check_dtype(model, dtype)
+    elif dtype != "float32":
+        raise ConfigError(f"--dtype {dtype} applies to the torch backend; a GGUF model keeps its own quantisation")
+    context = model_context(model, backend)
     if context is not None and max_new_tokens >= context:
         raise ContextLengthError(f"--max-new-tokens {max_new_tokens} does not fit the model's context of {context} "
                                  f"tokens (prompt included)")
@@ -155,9 +168,10 @@ def run_generate(args) -> int:
         raise ConfigError("--stream prints one sample as it comes; it cannot be combined with --num-samples > 1")
     config = generation_config(args)  # everything is checked before the (slow) model load
     options = drafter_options(args)
-    check_model(args.model, args.dtype, args.max_new_tokens)
+    check_model(args.model, args.dtype, args.max_new_tokens, args.backend)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype, **options)
+    engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
+                          backend=args.backend, **options)
     check_prompt_fits(engine, prompt, args.max_new_tokens)
     if engine.drafter is not None and engine.drafter.samples_drafts and args.seed is not None \
             and args.temperature > 0 and args.draft_length == "cost" \

@@ -62,7 +62,8 @@ class _SelfDrafter(DraftModelDrafter):
     def for_target(cls, target, draft_vocab_file: str | None = None, confidence_threshold: float = 0.0,
                    num_drafts: int = 1, reuse_layers: bool = True, **variant_options) -> "_SelfDrafter":
         if not isinstance(target, HFCausalLM):
-            raise ConfigError("self-speculation needs a Hugging Face target model")
+            raise ConfigError("self-speculation needs a Hugging Face target model on the torch backend (--backend torch): "
+                              "it builds its draft from the target's weights")
         model = cls.variant(target, read_vocab_file(draft_vocab_file, target.vocab_size), **variant_options)
         return cls(model, num_drafts=num_drafts, confidence_threshold=confidence_threshold, reuse_layers=reuse_layers)
 

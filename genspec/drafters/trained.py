@@ -110,7 +110,8 @@ def load_for_target(target, path: str | None, kind: str):
     from genspec.models.hf import HFCausalLM
 
     if not isinstance(target, HFCausalLM):
-        raise ConfigError(f"drafter {kind!r} needs a Hugging Face target model: it reads the target's hidden states")
+        raise ConfigError(f"drafter {kind!r} needs a Hugging Face target model on the torch backend (--backend torch): "
+                          "it reads the target's hidden states")
     fingerprint = target_fingerprint(target)
     if path is None:
         shipped = SHIPPED / kind

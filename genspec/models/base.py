@@ -39,6 +39,9 @@ class CausalLM(ABC):
     vocab_size: int
     #: maximum sequence length (prompt + generated) or None if unbounded
     max_context: int | None = None
+    #: the most rows the model can hold at once (a fixed number of KV sequences), or None if unbounded;
+    #: the engine caps its running batch by it
+    max_rows: int | None = None
     device: torch.device = torch.device("cpu")
     #: a Hugging Face tokenizer, or None (then only token ids can be generated)
     tokenizer = None

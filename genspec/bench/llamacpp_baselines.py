@@ -1,0 +1,59 @@
+"""llama-cpp-python's own decoding as benchmark baselines: ``llamacpp-plain`` (``Llama.generate``) and
+``llamacpp-lookup`` (the same with its ``LlamaPromptLookupDecoding`` draft model), on the GGUF file the
+genspec methods run, loaded separately through the high-level ``Llama`` class as a user would run it.
+
+Sampling is the run's (greedy: ``temp=0``); every sampler llama-cpp-python adds by default that genspec's
+methods do not apply (``min_p`` 0.05, top-k 40 when genspec's is off) is switched off, so greedy outputs are
+comparable token for token. Its per-step figures are not observable without patching it, so the records
+carry counts and wall time only.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from genspec.bench.methods import MethodSpec
+from genspec.sampling import SamplingConfig
+
+#: llama-cpp-python's prompt lookup defaults (``LlamaPromptLookupDecoding``)
+LOOKUP_DEFAULTS = {"num_pred_tokens": 10, "max_ngram_size": 2}
+
+
+class LlamaCppDecoder:
+    """One llama-cpp-python baseline on its own ``Llama`` instance of the GGUF file at ``path``."""
+
+    kind = "llamacpp"
+
+    def __init__(self, spec: MethodSpec, path, eos_token_ids: list[int], context: int, threads: int | None = None):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.spec = spec
+        self.name = spec.name
+        self.options = dict(LOOKUP_DEFAULTS, **spec.options) if spec.base == "llamacpp-lookup" else {}
+        draft = LlamaPromptLookupDecoding(**self.options) if self.options else None
+        self.llama = Llama(str(path), n_ctx=context, n_threads=threads or len(os.sched_getaffinity(0)),
+                           draft_model=draft, verbose=False)
+        self.eos_token_ids = set(eos_token_ids)
+
+    @property
+    def settings(self) -> dict:
+        return dict(self.options)
+
+    def decode(self, ids: list[int], max_new_tokens: int, sampling: SamplingConfig, seed: int) -> dict:
+        """Generate for one prompt; returns the raw figures of the call."""
+        llama = self.llama
+        llama.set_seed(seed)
+        greedy = sampling.greedy
+        tokens: list[int] = []
+        start = time.perf_counter()
+        for token in llama.generate(ids, reset=True, temp=0.0 if greedy else sampling.temperature,
+                                    top_k=1 if greedy else (sampling.top_k if sampling.top_k > 0 else 0),
+                                    top_p=1.0 if greedy else sampling.top_p, min_p=0.0, typical_p=1.0,
+                                    repeat_penalty=sampling.repetition_penalty):
+            tokens.append(int(token))  # an end token is kept, as genspec and generate() keep it
+            if token in self.eos_token_ids or len(tokens) >= max_new_tokens:
+                break
+        wall = time.perf_counter() - start
+        return {"new_tokens": len(tokens), "wall_time_s": wall, "token_ids": tokens, "stats": None, "steps": None,
+                "forward": None}

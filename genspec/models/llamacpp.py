@@ -1,0 +1,369 @@
+"""Adapter for a GGUF model run by llama.cpp (through llama-cpp-python's low-level API).
+
+Design: each engine row is a llama.cpp *sequence* in one unified KV cache (``kv_unified``: sequences share
+its cells, so a token may belong to several). A block is one ``llama_decode`` batch whose tokens carry
+their row's sequence id and position (row length + depth) and ask for logits only where the caller
+reads them. Rolling back is ``llama_memory_seq_rm`` past the kept tokens. A token tree is laid out as
+one temporary sequence per leaf: a node belongs to the sequences of every leaf below it, so each node
+attends exactly to its ancestors (llama.cpp masks by the query token's first sequence and by position);
+the kept path is copied into the row's sequence and the temporary sequences are dropped.
+
+The sliding-window layers keep a full-size cache (``swa_full``): a window cache forgets the tokens a
+rolled-back row needs again.
+
+llama.cpp gives no per-layer hidden states, so drafters that read the target's features (heads, EAGLE,
+Medusa) and self-speculation that reuses the target's weights (early exit, layer skip, quantized copy)
+need the torch backend; they say so when built for this one.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from genspec.errors import ConfigError, InputFileError
+from genspec.models.base import CausalLM, PrefixKV
+
+#: tokens per row (prompt + generated) unless asked otherwise: the KV cache holds ``max_rows`` of them, in
+#: float16 for every layer (the full-size sliding-window cache): 18 KB a token on the embedded Gemma 3 270M
+DEFAULT_CONTEXT = 8192
+#: the most tokens one row's verify block may hold (a tree's nodes); the batch and the number of
+#: temporary sequences are sized from it
+MAX_BLOCK_TOKENS = 64
+#: temporary sequences per row for the leaves of its token trees
+MAX_LEAVES_PER_ROW = 8
+#: llama.cpp's limit on sequence ids (LLAMA_MAX_SEQ)
+LLAMA_MAX_SEQUENCES = 256
+
+
+def _import_llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ConfigError("the llamacpp backend needs llama-cpp-python: pip install 'genspec[llamacpp]' "
+                          "(it compiles llama.cpp: several minutes on a 2-core CPU)") from exc
+    return llama_cpp
+
+
+_BACKEND_READY = False
+
+
+def _quiet_backend(llama_cpp) -> None:
+    """Initialise llama.cpp once, with its log silenced (it writes model details to stderr)."""
+    global _BACKEND_READY
+    if _BACKEND_READY:
+        return
+    import ctypes
+
+    @llama_cpp.llama_log_callback
+    def _ignore(level, text, user_data):  # noqa: ARG001
+        return None
+
+    _quiet_backend.callback = _ignore  # kept alive: llama.cpp holds the pointer
+    llama_cpp.llama_log_set(_ignore, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    _BACKEND_READY = True
+
+
+class LlamaCppLM(CausalLM):
+    """A GGUF model on llama.cpp. Build with :meth:`from_gguf`.
+
+    ``max_rows`` rows (sequences) of up to ``context`` tokens each (capped by the model's trained context);
+    ``threads`` CPU threads (default: all cores this process may use); ``device`` other than ``cpu`` offloads
+    every layer to the GPU backend llama.cpp was built with (none: it stays on the CPU)."""
+
+    def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
+                 threads: int | None = None, device: str = "cpu"):
+        llama_cpp = _import_llama_cpp()
+        _quiet_backend(llama_cpp)
+        path = Path(path)
+        if not path.is_file():
+            raise InputFileError(f"no GGUF model at {path}")
+        self._llama = llama_cpp
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.use_extra_bufts = os.environ.get("GENSPEC_XB", "1") == "1"
+        model_params.n_gpu_layers = 0 if str(device) == "cpu" else -1
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
+        if not self._model:
+            raise InputFileError(f"llama.cpp cannot load {path} (not a GGUF model it knows)")
+        vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._vocab = vocab
+        self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        trained = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        if context < 1:
+            raise ConfigError(f"context must be at least 1 token, got {context}")
+        self.max_context = min(context, trained) if trained > 0 else context
+        if max_rows < 1:
+            raise ConfigError(f"max_rows must be at least 1, got {max_rows}")
+        self.max_rows = max_rows
+        self.tokenizer = tokenizer
+        self.path = path
+        threads = threads or len(os.sched_getaffinity(0))
+        self._num_sequences = min(LLAMA_MAX_SEQUENCES, max_rows * (1 + MAX_LEAVES_PER_ROW))
+        if max_rows >= self._num_sequences:
+            raise ConfigError(f"max_rows must be below {LLAMA_MAX_SEQUENCES} (llama.cpp's sequences), got {max_rows}")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = self.max_context * max_rows + MAX_BLOCK_TOKENS * max_rows
+        params.n_batch = params.n_ubatch = max(512, MAX_BLOCK_TOKENS * max_rows)
+        params.n_seq_max = self._num_sequences
+        params.n_threads = params.n_threads_batch = threads
+        params.swa_full = True
+        params.kv_unified = True
+        params.no_perf = True
+        # llama.cpp's CPU flash attention accumulates float16 values in float16, in cell order: a row's logits
+        # then moved by 6e-4 when another row left the cache (tests/test_llamacpp.py); without it they are exact
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self._context = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._context:
+            llama_cpp.llama_model_free(self._model)
+            raise ConfigError(f"llama.cpp cannot make a context of {params.n_ctx} tokens for {max_rows} rows")
+        self._memory = llama_cpp.llama_get_memory(self._context)
+        self._batch_size = int(params.n_batch)
+        self._batch = llama_cpp.llama_batch_init(self._batch_size, 0, self._num_sequences)
+        eos = {int(llama_cpp.llama_vocab_eos(vocab)), int(llama_cpp.llama_vocab_eot(vocab))}
+        self._eos = tuple(sorted(i for i in eos if 0 <= i < self.vocab_size))
+        self.reset(0)
+
+    def __del__(self):
+        llama_cpp = getattr(self, "_llama", None)
+        if llama_cpp is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_context", None):
+            llama_cpp.llama_free(self._context)
+            self._context = None
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike, tokenizer=None, **options) -> "LlamaCppLM":
+        """Load a GGUF file; its tokenizer converted by transformers (``tokenizer`` overrides it)."""
+        path = Path(path)
+        if not path.is_file():
+            raise InputFileError(f"no GGUF model at {path}")
+        if tokenizer is None:
+            tokenizer = gguf_tokenizer(path)
+        return cls(path, tokenizer, **options)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        ids = list(self._eos)
+        tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
+        if tokenizer_eos is not None and int(tokenizer_eos) not in ids:
+            ids.append(int(tokenizer_eos))
+        return tuple(ids)
+
+    # ---------------------------------------------------------------- rows
+    def reset(self, batch_size: int = 0) -> None:
+        if batch_size > self.max_rows:
+            raise ConfigError(f"{batch_size} rows exceed this llama.cpp model's {self.max_rows} (max_rows)")
+        self._llama.llama_memory_clear(self._memory, True)
+        self._sequences = list(range(batch_size))
+        self._free = list(range(batch_size, self.max_rows))
+        self._lengths = torch.zeros(batch_size, dtype=torch.long)
+        self._block = None
+
+    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False,
+                 hidden_layers: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
+        if return_hidden or hidden_layers:
+            raise ConfigError("the llamacpp backend gives no hidden states (a drafter that reads them needs "
+                              "the torch backend)")
+        if len(prefixes) > len(self._free):
+            raise ConfigError(f"{len(self._sequences) + len(prefixes)} rows exceed this llama.cpp model's "
+                              f"{self.max_rows} (max_rows)")
+        new = [self._free.pop(0) for _ in prefixes]
+        entries = [(token, position, (sequence,), False) for sequence, prefix in zip(new, prefixes)
+                   for position, token in enumerate(prefix)]
+        for start in range(0, len(entries), self._batch_size):
+            self._decode(entries[start:start + self._batch_size])
+        self._sequences += new
+        self._lengths = torch.cat([self._lengths, torch.tensor([len(p) for p in prefixes], dtype=torch.long)])
+        self._block = None
+        return None
+
+    def remove_rows(self, rows: list[int]) -> None:
+        if not rows:
+            return
+        gone = set(rows)
+        for row in sorted(gone):
+            sequence = self._sequences[row]
+            self._llama.llama_memory_seq_rm(self._memory, sequence, -1, -1)
+            self._free.append(sequence)
+        kept = [row for row in range(len(self._sequences)) if row not in gone]
+        self._sequences = [self._sequences[row] for row in kept]
+        self._lengths = self._lengths[kept] if kept else torch.zeros(0, dtype=torch.long)
+        self._block = None
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self._lengths
+
+    # ---------------------------------------------------------------- blocks
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, last_only: bool = False,
+                prefix: PrefixKV | None = None, return_hidden: bool = False, hidden_layers: tuple[int, ...] = ()):
+        if prefix is not None:
+            raise ConfigError("the llamacpp backend cannot take a block's first layers from a draft")
+        if return_hidden or hidden_layers:
+            raise ConfigError("the llamacpp backend gives no hidden states (a drafter that reads them needs "
+                              "the torch backend)")
+        rows, width = tokens.shape
+        if rows != len(self._sequences):
+            raise ValueError(f"a block of {rows} rows for a model holding {len(self._sequences)}")
+        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
+        counts = valid.sum(1).tolist()
+        if not bool((valid == (torch.arange(width) < valid.sum(1, keepdim=True))).all()):
+            raise ValueError("valid tokens must come first in each row (right padding)")
+        if max(counts, default=0) > MAX_BLOCK_TOKENS:
+            raise ConfigError(f"a verify block of {max(counts)} tokens exceeds the llamacpp backend's "
+                              f"{MAX_BLOCK_TOKENS}")
+        token_list, lengths = tokens.tolist(), self._lengths.tolist()
+        entries, outputs, leaves = [], [], []
+        next_leaf = self.max_rows  # temporary sequences for tree leaves: the ids above the rows' own
+        for row, count in enumerate(counts):
+            start, own = lengths[row], self._sequences[row]
+            row_leaves: list[tuple[int, frozenset[int]]] = []  # (temporary sequence, its path's nodes)
+            if tree_mask is not None and count and not _is_chain(tree_mask[row, :count, :count]):
+                ancestors = tree_mask[row, :count, :count].bool()
+                is_leaf = ~(ancestors.sum(0) > 1)  # no other node counts it among its ancestors
+                leaf_nodes = is_leaf.nonzero().flatten().tolist()
+                if next_leaf + len(leaf_nodes) > self._num_sequences:
+                    raise ConfigError(f"token trees of {next_leaf - self.max_rows + len(leaf_nodes)} leaves in one "
+                                      f"block exceed the llamacpp backend's {self._num_sequences - self.max_rows}")
+                depth = ancestors.sum(1) - 1
+                for leaf in leaf_nodes:
+                    sequence, next_leaf = next_leaf, next_leaf + 1
+                    self._llama.llama_memory_seq_cp(self._memory, own, sequence, -1, -1)
+                    row_leaves.append((sequence, frozenset(ancestors[leaf].nonzero().flatten().tolist())))
+                for node in range(count):
+                    below = tuple(s for s, path in row_leaves if node in path)
+                    entries.append((token_list[row][node], start + int(depth[node]), below,
+                                    not last_only or node == count - 1))
+            else:
+                for j in range(count):
+                    entries.append((token_list[row][j], start + j, (own,), not last_only or j == count - 1))
+            outputs += [(row, j) for j in range(count) if not last_only or j == count - 1]
+            leaves.append(row_leaves)
+        self._block = (counts, leaves)
+        if len(entries) > self._batch_size:
+            raise ConfigError(f"a block of {len(entries)} tokens exceeds the llamacpp batch ({self._batch_size})")
+        logits = self._decode(entries)  # llama.cpp's buffer: copied once, into ``out``
+        out = torch.empty(rows, 1 if last_only else width, self.vocab_size, dtype=torch.float32)
+        if len(outputs) == out.shape[0] * out.shape[1]:  # every slot is an output, in order
+            out.view(-1, self.vocab_size).copy_(logits)
+        else:
+            out.zero_()
+            if outputs:
+                index = torch.tensor(outputs)
+                out[index[:, 0], 0 if last_only else index[:, 1]] = logits
+        return out
+
+    def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
+                      tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ConfigError("the llamacpp backend gives no hidden states (a drafter that reads them needs the "
+                          "torch backend)")
+
+    def keep_block(self, keep: torch.Tensor) -> None:
+        if self._block is None:
+            raise RuntimeError("keep_block without a block")
+        counts, leaves = self._block
+        keep_list = keep.tolist()
+        lengths = self._lengths.tolist()
+        for row, count in enumerate(counts):
+            kept = [i for i in (keep_list[row] if row < len(keep_list) else []) if i >= 0]
+            start, own = lengths[row], self._sequences[row]
+            if leaves[row]:  # a tree: copy the kept path from a leaf's sequence that holds it
+                holder = next((s for s, path in leaves[row] if set(kept) <= path), None)
+                if holder is None:
+                    raise ValueError(f"row {row}: the kept nodes {kept} are no path of the tree")
+                if kept:
+                    self._llama.llama_memory_seq_cp(self._memory, holder, own, start, start + len(kept))
+                for sequence, _ in leaves[row]:
+                    self._llama.llama_memory_seq_rm(self._memory, sequence, -1, -1)
+            else:
+                if kept != list(range(len(kept))):
+                    raise ValueError(f"row {row}: a chain keeps a prefix of its block, got {kept}")
+                if len(kept) < count:
+                    self._llama.llama_memory_seq_rm(self._memory, own, start + len(kept), -1)
+            lengths[row] = start + len(kept)
+        self._lengths = torch.tensor(lengths, dtype=torch.long)
+        self._block = None
+
+    def commit_all(self, valid: torch.Tensor | None = None) -> None:
+        if self._block is None:
+            raise RuntimeError("commit_all without a block")
+        counts, leaves = self._block
+        if any(leaves):
+            raise ValueError("commit_all keeps a chain; this block was a tree")
+        self._lengths = self._lengths + torch.tensor(counts, dtype=torch.long)
+        self._block = None
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        new = torch.minimum(self._lengths, lengths.to(self._lengths.dtype))
+        for row, (old, length) in enumerate(zip(self._lengths.tolist(), new.tolist())):
+            if length < old:
+                self._llama.llama_memory_seq_rm(self._memory, self._sequences[row], length, -1)
+        self._lengths = new
+        self._block = None
+
+    # ---------------------------------------------------------------- llama.cpp calls
+    def _decode(self, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> torch.Tensor:
+        """One ``llama_decode`` of ``(token, position, sequences, wants_logits)`` entries; the logits of those
+        that want them ``[m, V]`` in order: a view of llama.cpp's buffer, valid until the next decode."""
+        if not entries:
+            return torch.zeros(0, self.vocab_size)
+        batch = self._batch
+        batch.n_tokens = len(entries)
+        for i, (token, position, sequences, wants) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.n_seq_id[i] = len(sequences)
+            for j, sequence in enumerate(sequences):
+                batch.seq_id[i][j] = sequence
+            batch.logits[i] = wants
+        status = self._llama.llama_decode(self._context, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed (status {status}) on a batch of {len(entries)} tokens")
+        wanted = sum(1 for entry in entries if entry[3])
+        if not wanted:
+            return torch.zeros(0, self.vocab_size)
+        pointer = self._llama.llama_get_logits(self._context)
+        return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(wanted, self.vocab_size)))
+
+
+def _is_chain(mask: torch.Tensor) -> bool:
+    """True if an ancestor mask ``[n, n]`` is the causal (lower-triangular) one."""
+    return bool((mask.bool() == torch.ones_like(mask, dtype=torch.bool).tril()).all())
+
+
+def gguf_context(path: str | os.PathLike) -> int | None:
+    """The context a :class:`LlamaCppLM` gives the GGUF file at ``path`` by default (its trained context,
+    capped at :data:`DEFAULT_CONTEXT`), read from the metadata alone; None if it cannot be read."""
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        architecture = reader.fields["general.architecture"].contents()
+        trained = int(reader.fields[f"{architecture}.context_length"].contents())
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    return min(trained, DEFAULT_CONTEXT)
+
+
+def gguf_tokenizer(path: Path):
+    """The GGUF file's tokenizer, converted by transformers (no network)."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - transformers raises ValueError, KeyError, OSError, ...
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputFileError(f"cannot read the tokenizer of {path}: {message}") from exc

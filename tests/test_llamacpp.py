@@ -1,0 +1,280 @@
+"""The llama.cpp backend on tiny GGUF files written in the test: it computes the model transformers
+computes, a k-token block gives the logits of k single steps, rows and trees keep their own caches,
+speculation on it is lossless (greedy equality with its own plain decoding, batch 1 and 4, every
+model-free drafter; chi-square of sampled outputs against the exact law), and what it cannot do is
+refused with one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from stats_helpers import chi_square_pvalue  # noqa: E402
+from test_drafters_model_free import (DRAFTER_NAMES, NEW_TOKENS, PER_REQUEST_SOURCE, PROMPTS,  # noqa: E402
+                                      model_free_drafters, run_requests)
+from tiny_gguf import write_tiny_gguf  # noqa: E402
+
+import genspec  # noqa: E402
+from genspec.engine import SpeculativeEngine  # noqa: E402
+from genspec.errors import ConfigError, InputFileError  # noqa: E402
+from genspec.models.llamacpp import LlamaCppLM  # noqa: E402
+from genspec.sampling import SamplingConfig, process_logits  # noqa: E402
+
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """(path, transformers model, tokenizer) of a tiny byte-vocabulary Llama written as GGUF."""
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    model, tokenizer = write_tiny_gguf(path, seed=0, scale=4.0)
+    return path, model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def target(tiny_gguf):
+    path, _, tokenizer = tiny_gguf
+    return LlamaCppLM(path, tokenizer, context=256, max_rows=8, threads=1)
+
+
+def test_gguf_model_computes_what_transformers_computes(tiny_gguf, target):
+    """The written GGUF and the adapter's positions are right: llama.cpp's logits for a prompt equal the
+    transformers model's (float32) within 1e-3 at every position."""
+    _, model, _ = tiny_gguf
+    prompt = [5, 9, 40, 41, 42, 7, 3, 100]
+    target.reset(0)
+    target.add_rows([[]])
+    logits = target.forward(torch.tensor([prompt]))
+    target.commit_all()
+    with torch.no_grad():
+        reference = model(torch.tensor([prompt])).logits.float()
+    assert logits.shape == reference.shape
+    assert (logits - reference).abs().max().item() < 1e-3
+    assert target.lengths.tolist() == [len(prompt)]
+
+
+def test_block_logits_equal_single_steps(target):
+    """A k-token block's logits equal those of k one-token steps (the measured flip rate on the real model
+    is in the manual; on this float32 model they agree to 1e-4), and rolling back a rejected tail leaves
+    the cache as if it had never been there."""
+    prompt, block = [3, 4, 5, 6], [7, 8, 9, 10, 11]
+    target.reset(0)
+    target.add_rows([prompt])
+    together = target.forward(torch.tensor([block]))
+    target.keep_block(torch.tensor([[0, 1]]))  # keep 2 of 5
+    assert target.lengths.tolist() == [len(prompt) + 2]
+    after_rollback = target.forward(torch.tensor([[12]]))
+    target.commit_all()
+    target.reset(0)
+    target.add_rows([prompt])
+    singles = []
+    for token in block:
+        singles.append(target.forward(torch.tensor([[token]])))
+        target.commit_all()
+    assert (together - torch.cat(singles, 1)).abs().max().item() < 1e-4
+    target.truncate(torch.tensor([len(prompt) + 2]))
+    fresh = target.forward(torch.tensor([[12]]))
+    assert (after_rollback - fresh).abs().max().item() < 1e-4
+
+
+def test_rows_join_and_leave_with_their_own_caches(target):
+    """Rows added, removed and added again each see only their own tokens."""
+    a, b, c = [3, 4, 5], [50, 60, 70, 80], [9, 9]
+
+    def alone(prefix, token):
+        target.reset(0)
+        target.add_rows([prefix])
+        return target.forward(torch.tensor([[token]]))[0, 0]
+
+    expected = {name: alone(prefix, 11) for name, prefix in (("a", a), ("b", b), ("c", c))}
+    target.reset(0)
+    target.add_rows([a, b])
+    target.remove_rows([0])
+    target.add_rows([c])
+    logits = target.forward(torch.tensor([[11], [11]]))
+    assert (logits[0, 0] - expected["b"]).abs().max() < 1e-4
+    assert (logits[1, 0] - expected["c"]).abs().max() < 1e-4
+
+
+def test_tree_block_sees_only_ancestors(target):
+    """A token tree (root, two children, a grandchild under the second) gives each node the logits of its
+    own path as a chain, and keeping a path leaves the cache of that chain."""
+    prompt = [3, 4, 5]
+    tokens = torch.tensor([[20, 21, 22, 23]])  # 0 root; 1, 2 its children; 3 the child of 2
+    mask = torch.tensor([[[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]], dtype=torch.bool)
+    target.reset(0)
+    target.add_rows([prompt])
+    tree = target.forward(tokens, tree_mask=mask)
+    target.keep_block(torch.tensor([[0, 2, 3]]))
+    assert target.lengths.tolist() == [len(prompt) + 3]
+    next_after_tree = target.forward(torch.tensor([[24]]))
+    target.commit_all()
+    target.reset(0)
+    target.add_rows([prompt])
+    path = target.forward(torch.tensor([[20, 22, 23, 24]]))
+    target.commit_all()
+    target.reset(0)
+    target.add_rows([prompt])
+    other = target.forward(torch.tensor([[20, 21]]))
+    assert (tree[0, [0, 2, 3]] - path[0, :3]).abs().max() < 1e-4
+    assert (tree[0, 1] - other[0, 1]).abs().max() < 1e-4
+    assert (next_after_tree[0, 0] - path[0, 3]).abs().max() < 1e-4
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return [r.token_ids for r in SpeculativeEngine(target).generate_ids(PROMPTS, max_new_tokens=NEW_TOKENS,
+                                                                        eos_token_ids=())]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("name", DRAFTER_NAMES)
+def test_greedy_speculation_equals_plain_on_llamacpp(target, plain, name, batch):
+    """Every model-free drafter, chains and trees, batch 1 and 4: token for token the backend's plain
+    greedy output, and the drafts are used (some tokens accepted)."""
+    drafter = model_free_drafters(plain)[name](batch)
+    options = ([{"source": p + o} for p, o in zip(PROMPTS[:batch], plain[:batch])] if name in PER_REQUEST_SOURCE
+               else None)
+    results = run_requests(SpeculativeEngine(target, drafter), PROMPTS[:batch], options,
+                           max_new_tokens=NEW_TOKENS, num_draft_tokens=4, eos_token_ids=(), draft_length="fixed")
+    assert [tokens for tokens, _ in results] == plain[:batch]
+    if name != "edit-prompt-source":
+        assert sum(step.stats.accepted_tokens for _, step in results) > 0
+
+
+def _exact_joint(lm, prompt: list[int], length: int, process) -> torch.Tensor:
+    """Exact law ``[V] * length`` of the next ``length`` tokens under ``lm`` (any CausalLM), by enumeration."""
+    vocab = lm.vocab_size
+    prefixes, laws = [[]], []
+    for _ in range(length):
+        rows = []
+        for start in range(0, len(prefixes), lm.max_rows):
+            chunk = [prompt + p for p in prefixes[start:start + lm.max_rows]]
+            lm.reset(0)
+            lm.add_rows([c[:-1] for c in chunk])
+            rows.append(process(lm.forward(torch.tensor([[c[-1]] for c in chunk]))[:, 0].double()))
+        laws.append(torch.cat(rows))
+        prefixes = [p + [t] for p in prefixes for t in range(vocab)]
+    joint = laws[0][0]
+    for probs in laws[1:]:
+        joint = (joint.reshape(-1, 1) * probs.reshape(-1, vocab)).reshape(-1)
+    return joint.reshape([vocab] * length)
+
+
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "prompt-lookup-tree"])
+def test_sampled_speculation_is_lossless_on_llamacpp(tmp_path, drafter_name):
+    """Sampled outputs (T 0.7, top-k 8, top-p 0.9) with speculation follow the exact law of the GGUF model
+    itself: N = 20,000 joint samples of 3 tokens over a 12-token vocabulary, chi-square p > 1e-3."""
+    from genspec.drafters.prompt_lookup import PromptLookupDrafter
+
+    path = tmp_path / "small.gguf"
+    write_tiny_gguf(path, seed=0, layers=3, scale=8.0, vocab=12)
+    lm = LlamaCppLM(path, None, context=16, max_rows=64, threads=1)  # 64 rows: 313 batches of 20,000
+    sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
+    prompt = [6, 4, 6, 7, 6, 9, 6]
+    exact = _exact_joint(lm, prompt, 3, lambda logits: process_logits(logits, sampling))
+    drafter = PromptLookupDrafter(num_candidates=3 if drafter_name.endswith("tree") else 1)
+    results = SpeculativeEngine(lm, drafter).generate_ids(
+        [prompt] * 20_000, max_new_tokens=3, num_draft_tokens=3, temperature=0.7, top_k=8, top_p=0.9, seed=5,
+        eos_token_ids=(), draft_length="fixed")
+    counts = torch.zeros([12] * 3)
+    for r in results:
+        counts[tuple(r.token_ids)] += 1
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    assert 0.02 < accepted / drafted < 0.98
+    assert chi_square_pvalue(counts.numpy(), exact.numpy()) > 1e-3
+
+
+def test_capacity_caps_the_running_batch(target):
+    """More requests than the model's rows: the engine runs them max_rows at a time, same outputs."""
+    prompts = [[3 + i, 4 + i, 5 + i] for i in range(target.max_rows + 3)]
+    engine = SpeculativeEngine(target)
+    assert engine.max_batch_size == target.max_rows
+    together = [r.token_ids for r in engine.generate_ids(prompts, max_new_tokens=6, eos_token_ids=())]
+    alone = [SpeculativeEngine(target).generate_ids([p], max_new_tokens=6, eos_token_ids=())[0].token_ids
+             for p in prompts[:3]]
+    assert together[:3] == alone
+
+
+def test_what_the_backend_cannot_do_is_refused(tiny_gguf, target, tmp_path):
+    path, _, _ = tiny_gguf
+    with pytest.raises(InputFileError, match="no GGUF model"):
+        LlamaCppLM(tmp_path / "missing.gguf")
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file")
+    with pytest.raises(InputFileError, match="cannot load"):
+        LlamaCppLM(tmp_path / "bad.gguf")
+    with pytest.raises(ConfigError, match="hidden states"):
+        target.add_rows([[3]], return_hidden=True)
+    for name in ("early-exit", "quantized", "head"):
+        with pytest.raises(ConfigError, match="torch"):
+            genspec.build_drafter(name, target)
+
+
+# ------------------------------------------------------------------------------- choosing the backend
+def test_backend_resolution_and_refusals(tmp_path):
+    from genspec.api import Backend, resolve_backend
+
+    assert resolve_backend("model.gguf") is Backend.LLAMACPP
+    assert resolve_backend(str(tmp_path)) is Backend.TORCH
+    assert resolve_backend(None) is Backend.LLAMACPP  # llama-cpp-python is installed (this module's skip)
+    assert resolve_backend(None, "torch") is Backend.TORCH
+    with pytest.raises(ConfigError, match="GGUF file"):
+        resolve_backend("model.gguf", "torch")
+    with pytest.raises(ConfigError, match="runs a .gguf file"):
+        resolve_backend(str(tmp_path), "llamacpp")
+    with pytest.raises(ConfigError, match="unknown backend 'onnx'"):
+        resolve_backend(None, "onnx")
+    with pytest.raises(ConfigError, match="applies to the torch backend"):
+        genspec.load_model("model.gguf", dtype="bfloat16")
+
+
+def test_generate_cli_on_a_gguf_file(tiny_gguf, capsys):
+    """``genspec generate --model FILE.gguf``: the llamacpp backend with the GGUF's own tokenizer (converted by
+    transformers); greedy speculative text equals plain text; a missing file is one line, exit 2."""
+    from genspec.cli import main
+
+    path, _, _ = tiny_gguf
+    outputs = []
+    for drafter in ("none", "prompt-lookup"):
+        assert main(["generate", "--model", str(path), "--prompt", "abcabcabcabc", "--max-new-tokens", "12",
+                     "--drafter", drafter, "--json"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["samples"][0]["token_ids"])
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 12
+    assert main(["generate", "--model", str(path.parent / "missing.gguf"), "--prompt", "a"]) == 2
+    err = capsys.readouterr().err
+    assert "missing.gguf" in err and "Traceback" not in err
+
+
+def test_bench_on_a_gguf_file_runs_the_llamacpp_baselines(tiny_gguf, tmp_path):
+    """``genspec bench`` on the llamacpp backend: plain, llamacpp-plain (the reference) and llamacpp-lookup
+    run interleaved; greedy outputs of genspec's methods equal plain, and llama-cpp-python's own plain
+    decoding gives the same tokens on this float32 model."""
+    from genspec.cli import main
+
+    path, _, _ = tiny_gguf
+    out = tmp_path / "out"
+    assert main(["bench", "--model", str(path), "--methods", "prompt-lookup,llamacpp-lookup:num_pred_tokens=4",
+                 "--categories", "coding", "--num-prompts", "1", "--max-new-tokens", "12", "--repeats", "1",
+                 "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["backend"] == "llamacpp"
+    main_runs = {r["method"]: r for r in results["runs"] if r["phase"] == "main"}
+    assert set(main_runs) == {"plain", "llamacpp-plain", "prompt-lookup", "llamacpp-lookup:num_pred_tokens=4"}
+    assert all(r["error"] is None for r in main_runs.values())
+    assert main_runs["prompt-lookup"]["matches_plain"] is True
+    assert main_runs["llamacpp-plain"]["token_ids"] == main_runs["plain"]["token_ids"]
+    assert main_runs["llamacpp-lookup:num_pred_tokens=4"]["matches_reference"] is True
+    assert "vs llamacpp-plain" in (out / "report.md").read_text()
+
+
+def test_bench_refuses_methods_of_the_other_backend(tiny_gguf, capsys):
+    from genspec.cli import main
+
+    path, _, _ = tiny_gguf
+    assert main(["bench", "--model", str(path), "--methods", "hf-prompt-lookup", "--quick"]) == 2
+    assert "needs --backend torch" in capsys.readouterr().err
+    assert main(["bench", "--backend", "torch", "--methods", "llamacpp-lookup"]) == 2
+    assert "needs --backend llamacpp" in capsys.readouterr().err
