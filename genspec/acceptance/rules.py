@@ -19,7 +19,7 @@ Rules (theory.md; p = draft, q = target):
   tokens depend on its noise alone, not on where its drafts stop (:mod:`genspec.randomness`). The price:
   P(keep) = P(argmax agree) >= (1 - TV) / (1 + TV) instead of 1 - TV. On Gemma 3 270M's own laws (263
   positions of 6 Spec-Bench prompts, T = 1) it kept 0.684 against 1 - TV = 0.722 for the int8 copy as the
-  draft, 0.236 against 0.248 for its first 12 layers (`python benchmarks/coupled_acceptance.py`); the
+  draft, 0.236 against 0.248 for its first 12 layers (`python benchmarks/acceptance/coupled_acceptance.py`); the
   inverse-CDF coupling with one uniform kept only 0.559 and 0.187 (vocabulary order scatters the mass).
 
 Over-acceptance at eps = 0 with the OPT residual and the coupled rule are lossless (:func:`is_lossless`):

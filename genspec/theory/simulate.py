@@ -31,7 +31,7 @@ from genspec.theory.chains import ChainPair
 from genspec.theory.exact import VARIANTS
 
 DEFAULT_CHUNK = 100_000  # runs simulated together; bounds memory at a few hundred MB for V <= 100
-# costs per run and position, measured by ``python benchmarks/theory_costs.py``: seconds 2e-7 + 1.5e-7 V
+# costs per run and position, measured by ``python benchmarks/theory/theory_costs.py``: seconds 2e-7 + 1.5e-7 V
 # + 1.5e-7 M + 1.5e-8 V M; memory: the sequences (8 bytes per token, kept twice while concatenated) and
 # about 7 [chunk, V] float64 tensors
 _SIM_SECONDS = (2e-7, 1.5e-7, 1.5e-7, 1.5e-8)
