@@ -4,7 +4,7 @@
 - ``heuristic``: Hugging Face's schedule: +2 after a fully accepted draft, -1 otherwise (1 <= k <= k_max).
 - ``cost`` (the default): the k that maximises expected tokens per second (Leviathan et al.), from running
   acceptance estimates and the measured costs of drafting and of verifying the block a draft of depth k
-  puts in front of the target: rate(k) = E[tokens](k) / (drafting(k) + verify_cost(block(k))). k = 0
+  puts in front of the target: ``rate(k) = E[tokens](k) / (drafting(k) + verify_cost(block(k)))``. k = 0
   (plain decoding) is allowed, so speculation switches itself off where it does not pay: a k > 0 must
   promise ``MARGIN`` (10%) more tokens per second than plain decoding, because the estimate leaves out the
   engine's own work and timing noise (without the margin, prompt lookup on Spec-Bench's humanities prompts,
@@ -13,7 +13,7 @@
 Acceptance is not i.i.d. along a draft: the first token is the hard one (a lookup draft whose first
 token is right usually goes on being right). The cost policy therefore keeps two discounted rates,
 ``first`` (P[draft token 1 accepted]) and ``later`` (P[token i+1 accepted | token i accepted]), with
-E[tokens](k) = 1 + first * (1 + later + ... + later^(k-1)).
+``E[tokens](k) = 1 + first * (1 + later + ... + later^(k-1))``.
 
 Evidence: a drafter may say, per row, how strong the evidence behind its proposal is (prompt lookup:
 the length of the matched n-gram; a 1-token match is right about 1 time in 5 on Spec-Bench, a 4-token

@@ -4,7 +4,7 @@
 
 At temperature > 0 a deterministic draft token y is kept with probability q(y) only (q: the target's
 processed law), so a chain that greedy decoding accepts often is accepted much less when sampling. A tree
-of several candidates verified together (each kept with its own residual, theory.md's Algorithm 4) is kept
+of several candidates verified together (each kept with its own residual, docs/theory.md's Algorithm 4) is kept
 with probability sum_i q(y_i). This script measures both on the embedded Gemma 3 270M.
 
 How: with deterministic drafts the engine verifies by the coupling "draw the target's token, keep the draft

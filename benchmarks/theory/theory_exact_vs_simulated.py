@@ -2,7 +2,7 @@
 
     python benchmarks/theory/theory_exact_vs_simulated.py
 
-Each row: a flat-Dirichlet pair (theory.md) made by `genspec theory random-chain`, then
+Each row: a flat-Dirichlet pair (docs/theory.md) made by `genspec theory random-chain`, then
 `genspec theory rejections --simulate 100000` with simulation seed 1000 + pair seed.
 """
 from __future__ import annotations

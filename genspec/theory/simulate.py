@@ -2,8 +2,8 @@
 
 The simulators run the algorithm itself: they draw the draft tokens from the draft chain and verify
 them with :func:`genspec.acceptance.verify_multidraft`, the same acceptance code the engine uses on
-real models (theory.md: "One acceptance implementation must serve the theory simulators and the
-engine"). With one candidate that function is the single-position SD rule; with K candidates it is
+real models (docs/theory.md, "How it is tested": one acceptance implementation serves the theory
+simulators and the engine). With one candidate that function is the single-position SD rule; with K candidates it is
 the recursive residual verifier; ``num_candidates`` carries each run's number of live drafts.
 
 Shapes: ``N`` runs, ``M`` drafts per round, ``V`` symbols, horizon ``T``. Tensors are torch float64
