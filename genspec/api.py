@@ -33,7 +33,7 @@ from genspec.models.hf import HFCausalLM
 #: dtypes the embedded model cannot run in, and why. float16: Gemma 3's residual stream outgrows float16's
 #: largest value (65,504): after layer 6 its largest activation is 54,688, layer 7's is inf, and every
 #: logit is NaN from then on, on any prompt (also in transformers' own forward; float16 is not a CPU
-#: limitation, bfloat16 has float32's range). Measured with ``python benchmarks/nan_check_cost.py --dtypes``.
+#: limitation, bfloat16 has float32's range). Measured with ``python benchmarks/costs/nan_check_cost.py --dtypes``.
 EMBEDDED_MODEL_FAILS_IN = {"float16": "its activations exceed float16's largest value (65,504) from layer 7 on, "
                                       "so every logit is NaN"}
 

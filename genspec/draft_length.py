@@ -2,57 +2,52 @@
 
 - ``fixed``: always k.
 - ``heuristic``: Hugging Face's schedule: +2 after a fully accepted draft, -1 otherwise (1 <= k <= k_max).
-- ``cost``: pick the k that maximises expected tokens per second (Leviathan et al.), from running
-  acceptance estimates and the measured costs of drafting and of verifying a block of k + 1 tokens:
-  rate(k) = E[tokens](k) / (k * draft_cost + verify_cost(k + 1)). k = 0 (plain decoding) is allowed,
-  so speculation switches itself off where it does not pay: a k > 0 must promise at least ``MARGIN``
-  (10%) more tokens per second than plain decoding, because the estimate ignores engine overhead and
-  timing noise (without the margin, prompt lookup on Spec-Bench's humanities prompts, acceptance 0.16,
-  ran at 0.95x plain).
+- ``cost`` (the default): the k that maximises expected tokens per second (Leviathan et al.), from running
+  acceptance estimates and the measured costs of drafting and of verifying the block a draft of depth k
+  puts in front of the target: ``rate(k) = E[tokens](k) / (drafting(k) + verify_cost(block(k)))``. k = 0
+  (plain decoding) is allowed, so speculation switches itself off where it does not pay: a k > 0 must
+  promise ``MARGIN`` (10%) more tokens per second than plain decoding, because the estimate leaves out the
+  engine's own work and timing noise (without the margin, prompt lookup on Spec-Bench's humanities prompts,
+  acceptance 0.16, ran below plain decoding).
 
 Acceptance is not i.i.d. along a draft: the first token is the hard one (a lookup draft whose first
 token is right usually goes on being right). The cost policy therefore keeps two discounted rates,
 ``first`` (P[draft token 1 accepted]) and ``later`` (P[token i+1 accepted | token i accepted]), with
-E[tokens](k) = 1 + first * (1 + later + ... + later^(k-1)).
+``E[tokens](k) = 1 + first * (1 + later + ... + later^(k-1))``.
 
 Evidence: a drafter may say, per row, how strong the evidence behind its proposal is (prompt lookup:
 the length of the matched n-gram; a 1-token match is right about 1 time in 5 on Spec-Bench, a 4-token
-match 9 times in 10). The policy keeps separate rates per evidence level, so weak proposals are
-dropped and strong ones drafted long, in the same request. A drafter that costs nothing proposes
-before the policy decides (the decision can use the evidence) and is scored on what it would have
-proposed when nothing is verified (a new evidence level starts no higher than what the row's
-other levels have shown, so a request where lookups are mostly wrong does not pay to learn each level); a costly one is asked for the policy's k and, when switched off,
-probed with a single token now and then (until its time is measured, a draft position is priced
+match 9 times in 10: ``python benchmarks/acceptance/lookup_match_acceptance.py``). The policy keeps
+separate rates per evidence level, so weak proposals are dropped and strong ones drafted long, in the
+same request. A drafter that costs nothing proposes before the policy decides (the decision can use the
+evidence) and is scored on what it would have proposed when nothing is verified (a new evidence level
+starts no higher than what the row's other levels have shown, so a request where lookups are mostly
+wrong does not pay to learn each level); a costly one is asked for the policy's k and, when switched
+off, probed with a single token now and then (until its time is measured, a draft position is priced
 at what the drafter declares, ``Drafter.draft_cost_prior``: a new engine does not draft blind with it).
 
 Probes are priced: a probe costs its draft position and the wider verify block, and probes may spend
 ``PROBE_SHARE`` of the idle time, so a drafter whose probe costs 0.6 of a plain step is probed after 6
-idle steps, a trained head (0.076 of a step to draft, 0.05 to verify one token more: the report of
-benchmarks/results/head_policy_unmeasured) after 2. That wait is multiplied by a backoff that each probe
-moves: a failed one multiplies it by 2^price, a kept one by 2^(price - 1) (price in plain steps, capped at
-1, so a probe that cannot pay doubles it on failure as before). Its logarithm is a random walk with drift
-price - acceptance: it grows, and probes thin out up to 256 idle steps apart, only while the probes are
-kept less often than the break-even acceptance of a one-token draft, which is the probe's price. Doubling
-on every failure (and resetting on a kept probe) grew without bound for any drafter kept less than half
-the time: the head, whose first token is kept 0.44 of the time, went unprobed for most of an answer
-once a few probes failed, and with the two-column kernels (a 2-token verify 0.97 of a plain step) ran at
-1.20x plain against 1.35x for drafting one token always, on Spec-Bench prompts the benchmark does not
-measure (drafting at 1,434 of 2,421 steps: benchmarks/results/head_two_column_unmeasured). With the drift,
-same prompts: 1.36x against 1.37x, 2,193 target calls for the 3,241 tokens against 2,249 for one token
-always (benchmarks/results/head_drift_unmeasured; counts from ``python benchmarks/run_counts.py``).
+idle steps, a trained head (about 0.08 of a step to draft, 0.05 to verify one token more) after 2. That
+wait is multiplied by a backoff that each probe moves: a failed one multiplies it by 2^price, a kept one
+by 2^(price - 1) (price in plain steps, capped at 1, so a probe that cannot pay doubles it on failure).
+Its logarithm is a random walk with drift price - acceptance: it grows, and probes thin out up to 256
+idle steps apart, only while the probes are kept less often than the break-even acceptance of a
+one-token draft, which is the probe's price. (Doubling on every failure and resetting on a kept probe
+grows without bound for any drafter kept less than half the time, though a drafter as cheap as a head
+pays from an acceptance of about 0.1.)
 
 Before anything is measured the policy assumes verifying k + 1 tokens costs ``1 + 0.1 k`` plain
 steps (near what the embedded model measures on a CPU: 1.12x for 2 tokens, 1.32x for 8), so the
 first step of a request drafts a couple of tokens, not k_max blind.
 
 A cost model must not lock itself out of drafting: a width it never tries is never measured, so a wrong
-estimate of it would stand for good. (On the 2-core Intel Xeon VM a 2-token block measured 121 ms against
-48 ms for one token, more than 3- to 9-token blocks (103-124 ms); the 73 ms slope of those two widths,
-extrapolated, priced a 9-token block at 632 ms, and the suffix drafter drafted nothing in a whole
-benchmark: ``python benchmarks/cost_model_first_sample.py``.) Hence two rules. Beyond the measured widths
-the slope is taken from widths >= 2 (the step from 1 token to 2 is a kernel switch on a CPU), and where
-only one of those is measured it is the lower of the measured slope and the growth prior's; an extra
-token never costs more than a whole plain step. And the plan explores: where
+estimate of it would stand for good. (Where a CPU switches kernels between one row and two, a 2-token
+block can cost more than wider ones: 121 ms against 48 ms for one token and 103-124 ms for 3 to 9 tokens
+on a 2-core Intel Xeon, ``python benchmarks/costs/verify_width_cost.py``; that slope, extrapolated,
+prices a 9-token block at 632 ms.) Hence two rules. Beyond the measured widths the slope is taken from
+widths >= 2, and where only one of those is measured it is the lower of the measured slope and the
+growth prior's; an extra token never costs more than a whole plain step. And the plan explores: where
 a width not yet measured for this batch size would win if it cost what the growth prior says, the
 plan drafts it, the first time at once and then one such plan in ``EXPLORE_EVERY`` (16), so the
 estimate is replaced by a measurement; each width is explored until measured once, so exploring costs
@@ -86,7 +81,7 @@ POLICIES = ("fixed", "heuristic", "cost")
 MARGIN = 1.1
 #: probes of a switched-off costly drafter spend at most this share of the idle time (:meth:`DraftLength.probe_wait`),
 #: and a probe may cost at most this share of the plain decoding time its request has left
-#: (:func:`probe_affordable`): issue 16's bound for drafters that turn out useless
+#: (:func:`probe_affordable`): a drafter that turns out useless costs about a tenth of plain speed at most
 PROBE_SHARE = 0.1
 #: the longest wait, in idle steps, between probes of a switched-off costly drafter
 MAX_PROBE_WAIT = 256
@@ -105,7 +100,7 @@ class CostModel:
     the growth prior (each extra token costs ``growth_prior`` of a one-token step) stands in until
     there is none. Shapes differ much: on this CPU an extra token costs about 10 ms at one row but 4.2
     ms at four (58 / 137 ms for widths 1 / 9 at one row, 71 / 206 ms at four rows after 256 tokens;
-    ``python benchmarks/switch_point.py``).
+    ``python benchmarks/policy/switch_point.py``).
     ``genspec serve`` measures a grid of shapes at start (:func:`genspec.calibration.measure_verify_costs`)."""
 
     def __init__(self, decay: float = 0.8, growth_prior: float = 0.1, explore_every: int = EXPLORE_EVERY):
@@ -192,14 +187,13 @@ class CostModel:
 def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
     """``curve`` (width -> seconds, two widths or more) at ``width``: interpolated, or extrapolated with
     a slope, never below zero. The step from 1 token to 2 is no per-token cost: on a CPU it is where the
-    matrix kernels change (the 2-core Intel Xeon VM: 50 ms for 1 token, 92 ms for 2, 127-153 ms for 4 to
-    9, this session's ``python /work/scratch/diag.py``-style engine run at T 0.7). So the slope is the
-    least-squares slope of the widths >= 2 where two or more are measured; else (width 1 and one wider
-    width) the measured slope or the growth prior's (``growth_prior`` plain steps per token), whichever
-    is lower: an optimistic price is corrected by drafting that width once, a pessimistic one never is
-    (the 1-to-2 slope of 48 ms -> 121 ms priced a 9-token block at 632 ms, against 114 ms measured later,
-    and the suffix drafter drafted nothing in a whole benchmark: ``python benchmarks/cost_model_first_sample.py``).
-    Any slope above one plain step per token is a jump, not a cost, and the growth prior's stands in."""
+    matrix kernels change (a 2-core Intel Xeon: 50 ms for 1 token, 92 ms for 2, 127-153 ms for 4 to 9).
+    So the slope is the least-squares slope of the widths >= 2 where two or more are measured; else
+    (width 1 and one wider width) the measured slope or the growth prior's (``growth_prior`` plain steps
+    per token), whichever is lower: an optimistic price is corrected by drafting that width once, a
+    pessimistic one never is (a 1-to-2 slope of 48 ms -> 121 ms prices a 9-token block at 632 ms, where
+    114 ms is measured: ``python benchmarks/costs/verify_width_cost.py``). Any slope above one plain step
+    per token is a jump, not a cost, and the growth prior's stands in."""
     if width in curve:
         return curve[width]
     below = [w for w in curve if w < width]
@@ -229,20 +223,20 @@ class DraftCost:
     since its last draft, whatever the depth).
 
     The reading is priced apart because it does not grow with the depth: a head with 3 token layers runs
-    those layers over the tokens just committed before it can draft at all (5.0-5.3 ms here,
-    benchmarks/results/layer_states_cost.txt), and priced per position that reading made every position
-    look as dear as a whole draft: the fused + 3-token-layer head of the README drafted one token deep at
-    every step it drafted, 12.8 ms a draft, where one more position is one more head pass (2.56 ms for the
-    shipped head, benchmarks/results/head_draft_cost.txt; 2-core AMD EPYC, ``genspec bench --methods
-    head:path=RUN --skip-prompts 2 --num-prompts 1 --repeats 1``: benchmarks/results/fused_l3_block_priced_unmeasured).
+    those layers over the tokens just committed before it can draft at all (5.0-5.3 ms on a 2-core AMD
+    EPYC, ``python benchmarks/costs/layer_states_cost.py --layers 3``), while one more position is one more
+    head pass (2.56 ms for the shipped head, ``python benchmarks/costs/head_draft_cost.py``). Priced per
+    position, the reading would make every position look as dear as a whole draft and keep such a head
+    one token deep.
 
     Until measured, a position is priced at ``prior_steps`` plain steps (the drafter's ``draft_cost_prior``;
     0.5 by default: early exit at layer 4 of 18 and layer skip also run the 262k-token head per draft
-    position, the int8 copy measured 0.9) and the reading at nothing. It was
-    priced at nothing, so a new engine's first step drafted as if the drafter were free: on 32-token
-    answers, early exit and layer skip on a fresh engine (as ``genspec generate`` has) ran at 0.82-0.88x
-    plain, accepting nothing (``python benchmarks/fresh_request_cost.py``, 2-core AMD EPYC). At this price
-    a fresh engine does not draft blind; it probes one token after a few steps and prices from then on."""
+    position, the int8 copy measured 0.9) and the reading at nothing. Priced at nothing, a new engine's
+    first step would draft as if the drafter were free (early exit and layer skip, which accept nothing
+    on the embedded model, on a fresh engine as ``genspec generate`` has: 0.82-0.88x plain on 32-token
+    answers then, 0.95-1.01x at this price; ``python benchmarks/policy/fresh_request_cost.py``, 2-core AMD
+    EPYC). At this price a fresh engine does not draft blind; it probes one token after a few steps and
+    prices from then on."""
 
     def __init__(self, decay: float = 0.8, prior_steps: float = 0.5):
         self.decay = decay
@@ -282,7 +276,7 @@ def probe_affordable(draft_cost: DraftCost, costs: CostModel, batch: int, read_t
     relative to the target); it is made only if that is at most ``PROBE_SHARE`` of the plain decoding
     time left. A useless drafter then costs about a tenth of plain speed at most: a fresh engine's layer
     skip read each rag prompt (~1,500 tokens, about 2.4 s of target prefill) to probe a 32-token answer and
-    ran at 0.85x plain (benchmarks/results/fresh_request_cost.md). A probe of a request with a long prompt
+    ran at 0.85x plain (``python benchmarks/policy/fresh_request_cost.py``). A probe of a request with a long prompt
     and a short answer is skipped: the drafter could not win that time back."""
     step = costs.verify_cost(1, batch)
     if not step:
@@ -330,11 +324,10 @@ class Acceptance:
 
 class AcceptanceMemory:
     """What one drafter's proposals achieved across requests, per evidence level: where a new request's
-    estimates start. Without it every request started from the same prior (first token kept 1 time in
-    2), so each short answer paid again for drafts the previous requests had already shown to fail: on
-    32-token Spec-Bench answers one failed 8-token lookup draft costs about 6% of plain speed (a 9-token
-    block took 123 ms against 48 ms for one token on the 2-core Intel Xeon; the writing prompt 81 ran at
-    0.86x plain after three failed drafts: benchmarks/results/spec_bench_32_after_fix/results.json).
+    estimates start. Without it every request would start from the same prior (first token kept 1 time
+    in 2), so each short answer would pay again for drafts the previous requests had already shown to
+    fail: on 32-token Spec-Bench answers one failed 8-token lookup draft costs about 6% of plain speed (a
+    9-token block took 123 ms against 48 ms for one token on a 2-core Intel Xeon).
     The engine keeps one memory per drafter and per kind of request (greedy or sampled: when sampling, a
     deterministic draft token y is kept with probability q(y) only, so the same evidence is worth less).
     Counts decay (``decay`` per record), so the memory follows a change of traffic."""
@@ -480,8 +473,8 @@ class DraftLength:
         token, a first-position outcome. ``drafted`` tokens of it drafted and all kept: its next token against
         the target's, a later-position outcome. Without the second a plan that drafts one token at a time
         never learns that longer drafts would pay (only drafts of two tokens or more test later positions):
-        at temperature 0.7 the suffix hybrid drafted 1 token and kept it at step after step of repeating
-        answers (benchmarks/results/hybrid_merge_weak_unmeasured/t07_before_shadow, ``steps``)."""
+        at temperature 0.7 a suffix hybrid drafted 1 token and kept it at step after step of repeating
+        answers."""
         if len(proposal) <= drafted or len(emitted) <= drafted or proposal[:drafted] != emitted[:drafted]:
             return
         kept = proposal[drafted] == emitted[drafted]
@@ -526,9 +519,9 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     this batch, plus each costly drafter's time for its longest draft (its pass serves all its rows): its
     reading once and each position (:meth:`DraftCost.draft_steps`). A row's block is what its drafter says a draft of that depth puts in it (``RowPlan.block``): a tree of
     4 nodes makes a 5-token block at every depth, so its one-token draft is no cheaper to verify than a
-    4-deep one. (Priced as a chain, 2 tokens, the fused + 3-token-layer head's tree was planned one token
-    deep at every step and ran at 1.33x against 1.65x for drafting 4 deep always, on Spec-Bench prompts
-    the benchmark does not measure: benchmarks/results/fused_l3_ttt_unmeasured, fused_l3_ttt_fixed_unmeasured.)
+    4-deep one. (Priced as a chain, such a tree is planned one token deep at every step: 1.33x plain
+    against 1.65x for the same head drafting 4 deep always, on Spec-Bench prompts the benchmark does not
+    measure, 2-core AMD EPYC.)
 
     Exploring: a block wider than any measured for this batch size is priced by extrapolation, which
     may be wrong and, if too dear, would never be corrected. If such a width would beat the choice

@@ -736,9 +736,8 @@ class SpeculativeEngine:
             self.costs.observe_verify(width, record.verify_time_s, batch)
         else:  # a shape's first call pays one-time costs (kernels picked, the packed head weight made): a fresh
             # engine's first 5-token block took 301 ms, the next seven 55-68 ms (plain steps 48-53 ms); averaged in,
-            # it priced the head's tree at 4 plain steps and switched it off after 3 drafts of a 24-token answer
-            # (8 now: python benchmarks/first_verify_cost.py, benchmarks/results/first_verify_cost.txt). Calibration
-            # drops its first timing too
+            # it would price the head's tree at 4 plain steps and switch it off after 3 drafts of a 24-token answer
+            # (python benchmarks/costs/first_verify_cost.py). Calibration drops its first timing too
             self._timed_shapes.add((batch, width))
         for group in groups:  # after the verify time is taken: measuring is not verifying
             if any(r.config.measure_bias for r in group.requests) and group.draft.width:
@@ -908,7 +907,7 @@ def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
     vocabulary, into which a NaN or +inf propagates (a lone -inf is a masked token and fine). On the
     embedded model it cost 0.0-3.3% of the target pass it follows (blocks of 1-4 rows x 1-9 tokens,
     logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
-    benchmarks/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
+    benchmarks/costs/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
     peak = scores.amax(-1)
     bad = ~torch.isfinite(peak) & valid.to(peak.device)
     return bad.reshape(bad.shape[0], -1).any(-1).nonzero().flatten().tolist()

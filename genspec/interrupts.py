@@ -3,7 +3,7 @@
 ``genspec bench`` and ``genspec tradeoff`` catch ``KeyboardInterrupt`` and write what they measured so
 far. A run started in the background of a non-interactive shell (``cmd &``) inherits SIGINT *ignored*,
 so Python never raises ``KeyboardInterrupt`` there, and SIGTERM (what ``kill`` and schedulers send) ends
-the process without a word: a 50-minute tradeoff run stopped either way wrote nothing (2026-11-25).
+the process without a word: a 50-minute tradeoff run stopped either way would write nothing.
 :func:`stoppable` makes both signals raise ``KeyboardInterrupt`` for the duration of the run.
 """
 from __future__ import annotations

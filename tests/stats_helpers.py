@@ -1,4 +1,4 @@
-"""Chi-square goodness of fit with pooling of small cells (theory.md, "How to test"; the function lives in
+"""Chi-square goodness of fit with pooling of small cells (docs/theory.md, "How it is tested"; the function lives in
 genspec.theory.stats, which ``genspec theory optimality`` also uses) and the engine's lossless test."""
 from __future__ import annotations
 

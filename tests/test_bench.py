@@ -2,6 +2,7 @@
 clear one-line errors, and a full run on tiny models saved to disk (plus a real-model smoke run)."""
 from __future__ import annotations
 
+import gzip
 import json
 import math
 
@@ -295,8 +296,9 @@ def test_bad_drafter_option_is_one_clear_line(capsys, tmp_path, tiny_model_dirs)
 
 
 # ----------------------------------------------------------------------------------- full tiny run
-def check_bench_output(out, expect_sweep: bool = True) -> dict:
-    """results.json, report.md and the PNGs exist and are well-formed; returns the results."""
+def check_bench_output(out, expect_sweep: bool = True, raw: bool = True) -> dict:
+    """results.json, report.md and the PNGs exist and are well-formed; returns the results. ``raw``: the
+    run was made with ``--raw`` (each call's token ids and steps kept), else those records are absent."""
     results = json.loads((out / "results.json").read_text())
     for key in ("created", "command", "machine", "model", "settings", "methods", "prompts", "runs", "summary"):
         assert key in results
@@ -307,10 +309,13 @@ def check_bench_output(out, expect_sweep: bool = True) -> dict:
     assert kernels is None or all(k in ("gemm", "packed", "chunked") for k in kernels.values())
     names = [m["name"] for m in results["methods"]]
     assert names[:2] == [PLAIN, HF_PLAIN]
+    keys = RUN_KEYS if raw else RUN_KEYS - {"token_ids", "steps"}
     for run in results["runs"]:
-        assert RUN_KEYS <= set(run)
+        assert keys <= set(run)
+        assert raw or not {"token_ids", "steps"} & set(run)
         if run["error"] is None:
-            assert run["new_tokens"] == len(run["token_ids"]) > 0 and run["wall_time_s"] > 0
+            assert run["new_tokens"] == (len(run["token_ids"]) if raw else run["new_tokens"]) > 0
+            assert run["wall_time_s"] > 0
             assert math.isclose(run["tokens_per_second"], run["new_tokens"] / run["wall_time_s"])
     ok = [r for r in results["runs"] if r["error"] is None and r["phase"] == "main"]
     assert {r["method"] for r in ok} == set(names), "every method completed at least one call"
@@ -333,7 +338,7 @@ def tiny_run(tmp_path_factory, tiny_model_dirs):
     argv = ["bench", "--model", str(target), "--draft-model", str(draft), "--categories", "qa,extraction",
             "--num-prompts", "2", "--max-new-tokens", "6", "--repeats", "2", "-k", "3", "--out", str(out),
             "--methods", "prompt-lookup,draft-model:k=2:draft_length=fixed,hf-prompt-lookup,hf-early-exit,hf-assisted",
-            "--k-sweep", "1,3", "--sweep-prompts", "1", "--threads", "1"]
+            "--k-sweep", "1,3", "--sweep-prompts", "1", "--threads", "1", "--raw"]
     assert main(argv) == 0
     return out
 
@@ -377,6 +382,43 @@ def test_report_can_be_rebuilt_from_results(tiny_run, tmp_path, capsys):
     assert (tmp_path / "report.md").read_text() == (tiny_run / "report.md").read_text()
 
 
+def test_bench_writes_per_token_records_only_with_raw(tiny_model_dirs, tmp_path, capsys):
+    """Without ``--raw`` results.json holds no call's token ids or step list, only each call's step counts
+    ``[[drafted, accepted, count], ...]``, which agree with its stats; the report (Leviathan's prediction
+    included) is rebuilt identically from that compact file, also gzip-compressed."""
+    target, _ = tiny_model_dirs
+    out = tmp_path / "run"
+    assert main(["bench", "--model", str(target), "--categories", "qa", "--num-prompts", "1", "--max-new-tokens",
+                 "6", "--repeats", "1", "-k", "3", "--methods", "prompt-lookup", "--threads", "1",
+                 "--out", str(out)]) == 0
+    results = check_bench_output(out, expect_sweep=False, raw=False)
+    assert "--raw" not in results["command"] and results["settings"]["raw"] is False
+    genspec_runs = [r for r in results["runs"] if r["kind"] == "genspec" and r["error"] is None]
+    assert genspec_runs
+    for run in genspec_runs:
+        assert sum(n for _, _, n in run["step_counts"]) == run["stats"]["target_calls"]
+        assert sum(a * n for _, a, n in run["step_counts"]) == run["stats"]["accepted_tokens"]
+    rows = {(r["category"], r["method"]): r for r in results["summary"]["rows"]}
+    assert rows[("all", "prompt-lookup")]["theory"] is not None
+    again = tmp_path / "again"
+    assert main(["bench", "--report-from", str(out / "results.json"), "--out", str(again)]) == 0
+    assert (again / "report.md").read_text() == (out / "report.md").read_text()
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "results.json.gz").write_bytes(gzip.compress((out / "results.json").read_bytes()))
+    assert main(["bench", "--report-from", str(packed / "results.json.gz")]) == 0
+    assert (packed / "report.md").read_text() == (out / "report.md").read_text()
+    assert sorted(p.name for p in packed.iterdir() if p.suffix != ".png") == ["report.md", "results.json.gz"]
+
+
+def test_raw_bench_records_every_token_and_step(tiny_run):
+    """``--raw`` keeps each call's token ids and its steps in order, as the command line says."""
+    results = json.loads((tiny_run / "results.json").read_text())
+    assert results["command"].split()[-3] == "--raw" and results["settings"]["raw"] is True
+    run = next(r for r in results["runs"] if r["method"] == "prompt-lookup" and r["error"] is None)
+    assert len(run["token_ids"]) == run["new_tokens"] and len(run["steps"]) == run["stats"]["target_calls"]
+
+
 def test_quick_preset_is_small():
     assert QUICK["num_prompts"] * len(QUICK["categories"].split(",")) <= 3
     assert QUICK["max_new_tokens"] <= 32 and QUICK["repeats"] == 1
@@ -387,7 +429,7 @@ def test_quick_bench_on_the_real_default_model(tmp_path):
     """``genspec bench --quick`` on the embedded Gemma 3 270M: files exist and are well-formed (not speeds).
     CI runs it (about 70 s on the 2-core VM)."""
     assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
-    results = check_bench_output(tmp_path)
+    results = check_bench_output(tmp_path, raw=False)
     assert results["settings"]["quick"] is True
 
 
@@ -422,7 +464,7 @@ def test_repeated_traffic_bench_learns_across_requests(tmp_path):
     out = tmp_path / "out"
     assert main(["bench", "--model", str(model), "--categories", "repeated", "--num-prompts", "1",
                  "--max-new-tokens", "24", "--repeats", "1", "-k", "4", "--draft-length", "fixed",
-                 "--methods", "suffix,prompt-lookup", "--threads", "1", "--out", str(out)]) == 0
+                 "--methods", "suffix,prompt-lookup", "--threads", "1", "--raw", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     runs = {(r["method"], r["question_id"] % 10): r for r in results["runs"]}
     # the first turn is history: decoded by every method, not counted in the category's figures

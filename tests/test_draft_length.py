@@ -470,7 +470,7 @@ def test_a_slow_sample_does_not_make_a_width_dearer_than_a_wider_one():
 
 # ------------------------------------------------------------------------------ a first sample that misleads
 # On the 2-core Intel Xeon VM the embedded model verified 1 token in 48 ms, 2 in 121 ms and 3 to 9 in
-# 103-124 ms (benchmarks/results/cost_model_first_sample.txt): the 2-token block is a jump, not a slope.
+# 103-124 ms (``python benchmarks/costs/verify_width_cost.py``): the 2-token block is a jump, not a slope.
 FIRST_SAMPLE = {1: 0.048, 2: 0.121}
 LATER_WIDTHS = {3: 0.103, 4: 0.124, 5: 0.112, 6: 0.110, 7: 0.118, 8: 0.120, 9: 0.114}
 
@@ -704,7 +704,7 @@ def test_acceptance_rates_stay_probabilities_when_every_draft_is_kept():
 def test_an_unmeasured_costly_drafter_is_priced_at_its_prior_not_free():
     """A new engine knows nothing of its drafter's cost. Priced at nothing, its first step drafted as if the
     drafter were free (early exit and layer skip, accepting nothing, ran at 0.82-0.88x plain on 32-token
-    answers on a fresh engine: benchmarks/results/fresh_request_cost_before.md). At the prior (half a plain
+    answers on a fresh engine: ``python benchmarks/policy/fresh_request_cost.py``). At the prior (half a plain
     step per position) the prior acceptance does not pay: no blind draft, a one-token probe later; once
     measured cheap, the same acceptance drafts."""
     costs = CostModel()

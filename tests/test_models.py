@@ -112,7 +112,7 @@ def test_context_overflow_is_a_clear_error():
 
 def test_a_two_row_lm_head_takes_the_chunked_kernel_where_there_is_no_packed_one():
     """W @ x.T cost 2.3x the one-row step for two rows on the Intel Xeon VM, more than for 3-9 rows
-    (benchmarks/verify_width_cost.py); without oneDNN's packed GEMM (a float64 head here) a 2-token verify
+    (benchmarks/costs/verify_width_cost.py); without oneDNN's packed GEMM (a float64 head here) a 2-token verify
     block must take the chunked bmm, as one row does."""
     from genspec.models.head import LMHead
 

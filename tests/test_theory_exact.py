@@ -1,4 +1,4 @@
-"""Exact formulas of genspec.theory.exact (theory.md): Theorems 1 and 3, the DPs of both M-draft
+"""Exact formulas of genspec.theory.exact (docs/theory.md): Theorems 1 and 3, the DPs of both M-draft
 variants, the residual verifier's facts, Proposition 1's limit and the single-step closed forms.
 p = draft, q = target."""
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _theorem3_reading(chain: ChainPair, batch: int, f_empty: float, weight_by_ne
 
 
 def test_theorem3_misreadings_are_clearly_off():
-    """theory.md: f(empty) = 1 is exact; f(empty) = 0, or weighting the n-th correction by f(x_{1:n}),
+    """docs/theory.md: f(empty) = 1 is exact; f(empty) = 0, or weighting the n-th correction by f(x_{1:n}),
     is off by about 0.1-0.2 at V = 7, T = 10 (well outside simulation error)."""
     chain = random_chain(7, 10, 0)
     dp = exact.expected_rejections(chain, 4, "batch")
@@ -234,7 +234,7 @@ def test_the_exact_dps_follow_whatever_rule_genspec_acceptance_defines(monkeypat
 
 
 def test_round_start_accepted_mass_is_q_minus_rejected_residual():
-    """DP check of theory.md: the accepted mass from fresh(x) totals q - prod r_j q^{M+1}."""
+    """DP check of docs/theory.md: the accepted mass from fresh(x) totals q - prod r_j q^{M+1}."""
     chain = random_chain(5, 3, 11)
     for n in range(chain.horizon):
         out = exact.verifier_outcome(chain.target[n], chain.draft[n], 4)
@@ -312,7 +312,7 @@ def test_disjoint_supports_give_horizon_rejections():
 
 
 def test_flat_dirichlet_pairs_are_about_23_at_v7_t50():
-    """theory.md: flat-Dirichlet pairs give about 23 rejections at V = 7, T = 50."""
+    """docs/theory.md: flat-Dirichlet pairs give about 23 rejections at V = 7, T = 50."""
     values = [exact.expected_rejections_sd(random_chain(7, 50, seed)) for seed in range(5)]
     assert 21 < np.mean(values) < 25
 

@@ -16,8 +16,8 @@ from genspec.theory import exact
 from genspec.theory.chains import ChainPair, random_chain
 from genspec.theory.simulate import sample_rejection_rule, simulate
 
-P_THRESHOLD = 1e-3  # theory.md: fail if the chi-square p-value is below 10^-3
-N_CHI_SQUARE = 100_000  # theory.md: N = 10^5 samples per chi-square test
+P_THRESHOLD = 1e-3  # docs/theory.md: fail if the chi-square p-value is below 10^-3
+N_CHI_SQUARE = 100_000  # docs/theory.md: N = 10^5 samples per chi-square test
 
 
 # ------------------------------------------------------------------------- exact vs simulation

@@ -3,7 +3,7 @@
 Shapes: ``B`` rows (sequences or Monte-Carlo runs), ``k`` draft positions, ``M`` candidates, ``V``
 vocabulary. Probabilities are any float dtype (float64 in the theory, float32 in the engine).
 
-Rules (theory.md; p = draft, q = target):
+Rules (docs/theory.md; p = draft, q = target):
 - standard (lossless): keep draft token y with probability min{1, q(y)/p(y)}; at the first rejection
   draw from the residual norm([q - p]+); if every draft token is kept, draw a bonus token from q.
 - relaxed over-acceptance (lossy, opt-in; rule "overaccept" with eps > 0): keep y with probability
@@ -19,11 +19,11 @@ Rules (theory.md; p = draft, q = target):
   tokens depend on its noise alone, not on where its drafts stop (:mod:`genspec.randomness`). The price:
   P(keep) = P(argmax agree) >= (1 - TV) / (1 + TV) instead of 1 - TV. On Gemma 3 270M's own laws (263
   positions of 6 Spec-Bench prompts, T = 1) it kept 0.684 against 1 - TV = 0.722 for the int8 copy as the
-  draft, 0.236 against 0.248 for its first 12 layers (`python benchmarks/coupled_acceptance.py`); the
+  draft, 0.236 against 0.248 for its first 12 layers (`python benchmarks/acceptance/coupled_acceptance.py`); the
   inverse-CDF coupling with one uniform kept only 0.559 and 0.187 (vocabulary order scatters the mass).
 
 Over-acceptance at eps = 0 with the OPT residual and the coupled rule are lossless (:func:`is_lossless`):
-UNO at eps = 0 keeps min{1, q/p} but resamples from q, which is biased (theory.md, Decoding-UNO).
+UNO at eps = 0 keeps min{1, q/p} but resamples from q, which is biased (docs/theory.md, Decoding-UNO).
 - greedy: keep draft tokens while they equal the target's argmax.
 - multi-draft (Algorithm 4's recursive residual verifier): try M candidates in turn against a
   residual that shrinks after every rejection; the output is still exactly q.
@@ -304,7 +304,7 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
                       candidate_mask: torch.Tensor | None = None, accept_uniforms: torch.Tensor | None = None,
                       sample_uniforms: torch.Tensor | None = None, rule: str = "overaccept",
                       delta=0.0) -> MultiDraftVerdict:
-    """Recursive residual verification of M candidates for one position (theory.md, Algorithm 4).
+    """Recursive residual verification of M candidates for one position (docs/theory.md, Algorithm 4).
 
     Stage j keeps candidate j with probability min{1, q^j(y_j) / p_j(y_j)}; after a rejection
     q^{j+1} = norm([q^j - p_j]+). If all are rejected the token is drawn from the last residual.

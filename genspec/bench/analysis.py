@@ -198,6 +198,14 @@ def _time_shares(runs: list[dict]) -> dict:
     return out
 
 
+def _steps(run: dict) -> list:
+    """A run's (drafted, accepted) per step: its ``steps`` (``genspec bench --raw``) or, in any order, the
+    same pairs from its ``step_counts``."""
+    if run.get("steps") is not None:
+        return run["steps"]
+    return [[drafted, accepted] for drafted, accepted, count in run.get("step_counts") or [] for _ in range(count)]
+
+
 def theory(runs: list[dict], plain_runs: list[dict]) -> dict | None:
     """Leviathan's prediction with this run's measured acceptance and costs (see the module doc)."""
     stats = [r["stats"] for r in runs if r.get("stats")]
@@ -210,8 +218,8 @@ def theory(runs: list[dict], plain_runs: list[dict]) -> dict | None:
     drafted = sum(s["drafted_tokens"] for s in stats)
     draft_cost = sum(s["draft_time_s"] for s in stats) / drafted if drafted else 0.0
     widths = _width_costs(runs)
-    steps = [s for r in runs for s in (r.get("steps") or [])]
-    if steps and len([r for r in runs if r.get("steps") is not None]) == len(runs):
+    steps = [s for r in runs for s in _steps(r)]
+    if steps and all(r.get("steps") is not None or r.get("step_counts") is not None for r in runs):
         tested = [(d, a) for d, a in steps if d > 0]
         rejections = sum(1 for d, a in tested if a < d)
         accepted = sum(a for _, a in tested)

@@ -2,7 +2,9 @@
 prompt, and the outputs (results.json, report.md, plots). The command line is :mod:`genspec.cli.bench`."""
 from __future__ import annotations
 
+import gzip
 import json
+from collections import Counter
 import os
 import platform
 import time
@@ -250,18 +252,62 @@ def follow_ups(prompts, prompt_ids: list[list[int]], plain, config, target) -> l
     return out
 
 
-def write_outputs(results: dict, out: Path) -> list[Path]:
+#: each call's per-token records, written only with ``genspec bench --raw``: the generated token ids and
+#: the (drafted, accepted) counts of every step in order
+RAW_FIELDS = ("token_ids", "steps")
+
+
+def compact_runs(results: dict) -> None:
+    """Drop the per-token records (:data:`RAW_FIELDS`) from every run, in place. A run's steps are kept as
+    ``step_counts``, ``[[drafted, accepted, count], ...]``: what the report's Leviathan prediction reads, so
+    ``--report-from`` rebuilds the same report from the compact file."""
+    for run in results["runs"]:
+        if not isinstance(run, dict):
+            continue
+        steps = run.pop("steps", None)
+        run.pop("token_ids", None)
+        if steps is not None:
+            counts = Counter((int(drafted), int(accepted)) for drafted, accepted in steps)
+            run["step_counts"] = [[d, a, n] for (d, a), n in sorted(counts.items())]
+
+
+def read_results(source: Path) -> dict:
+    """A results file as written by :func:`write_outputs` (``results.json``, or gzip-compressed
+    ``results.json.gz``), parsed; unreadable or non-JSON files raise :class:`InputFileError` (one line)."""
+    name = str(source)
+    try:
+        raw = gzip.decompress(source.read_bytes()) if name.endswith(".gz") else source.read_bytes()
+        return json.loads(raw.decode("utf-8"))
+    except FileNotFoundError as exc:
+        raise InputFileError(f"results file not found: {source}") from exc
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
+        raise InputFileError(f"{source}: not a genspec bench results.json (binary or not UTF-8 text)") from exc
+    except json.JSONDecodeError as exc:
+        raise InputFileError(f"{source}: not a genspec bench results.json (not JSON: {exc.msg} at line "
+                             f"{exc.lineno}, column {exc.colno})") from exc
+    except OSError as exc:
+        raise InputFileError(f"cannot read results file {source}: {exc.strerror or exc}") from exc
+
+
+def write_outputs(results: dict, out: Path, raw: bool = True, name: str = "results.json") -> list[Path]:
+    """Write ``name`` (gzip-compressed if it ends in ``.gz``), report.md and the plots into ``out``. The
+    summary is computed first, from every record; ``raw=False`` then leaves the per-token records out of
+    the results file (:func:`compact_runs`)."""
     from genspec.bench.analysis import summarize
     from genspec.bench.plots import write_plots
     from genspec.bench.report import write_report
 
     results["summary"] = summarize(results)
+    if not raw:
+        compact_runs(results)
+    text = json.dumps(results, indent=1, default=str)
     try:
-        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        if name.endswith(".gz"):
+            (out / name).write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+        else:
+            (out / name).write_text(text)
         (out / "report.md").write_text(write_report(results))
         plots = write_plots(results, results["summary"], out)
     except OSError as exc:
         raise InputFileError(f"cannot write to output directory {out}: {exc.strerror or exc}") from exc
-    return [out / "results.json", out / "report.md"] + plots
-
-
+    return [out / name, out / "report.md"] + plots

@@ -48,6 +48,7 @@ class Run(_Record):
     error: str | None = None
     stats: Stats | None = None
     steps: list[tuple[int, int]] | None = None
+    step_counts: list[tuple[int, int, int]] | None = None
     forward: Forward | None = None
     matches_plain: bool | None = None
     matches_reference: bool | None = None

@@ -6,12 +6,12 @@
                   --k-sweep 2,4,8
     genspec bench --report-from bench_results/results.json  # rebuild report.md and the plots
 
-Writes ``results.json`` (every call's raw figures, machine, versions, settings), ``report.md`` (tables per
-category, diagnostics, noise notes) and PNG plots into ``--out``.
+Writes ``results.json`` (every call's figures, machine, versions, settings; each call's generated tokens
+and per-step draft counts only with ``--raw``), ``report.md`` (tables per category, diagnostics, noise
+notes) and PNG plots into ``--out`` (default ``bench_results`` in the current directory).
 """
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from pathlib import Path
@@ -78,6 +78,9 @@ def add_parser(subparsers) -> None:
                        help="the genspec method of the k sweep (default: the first genspec method)")
     bench.add_argument("--sweep-prompts", type=int, metavar="N", help="prompts in the k sweep (default 2)")
     bench.add_argument("--out", metavar="DIR", help="output directory (default bench_results)")
+    bench.add_argument("--raw", action="store_true",
+                       help="also keep each call's generated token ids and per-step (drafted, accepted) counts in "
+                            "results.json (several MB for a full run; the report does not need them)")
     bench.add_argument("--quick", action="store_true",
                        help=f"smoke-test size (< 2 min on 2 cores): {', '.join(f'{k}={v}' for k, v in QUICK.items())}; "
                             "explicit options still win")
@@ -85,8 +88,8 @@ def add_parser(subparsers) -> None:
     bench.add_argument("--threads", type=int, metavar="N",
                        help="torch intra-op threads (default: torch's choice; recorded in results.json)")
     bench.add_argument("--report-from", metavar="RESULTS_JSON",
-                       help="do not run: rebuild report.md and plots from a results.json (into --out, "
-                            "default its directory)")
+                       help="do not run: rebuild report.md and plots from a results.json or results.json.gz "
+                            "(into --out, default its directory)")
     bench.set_defaults(func=run_bench)
 
 
@@ -153,7 +156,7 @@ def resolve_settings(args) -> dict:
             "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "repeats": pick["repeats"],
             "num_draft_tokens": args.num_draft_tokens, "draft_length": args.draft_length,
             "k_sweep": sweep_ks, "sweep_method": sweep_method, "sweep_prompts": pick["sweep_prompts"],
-            "out": Path(args.out or "bench_results"), "quick": args.quick, "dtype": args.dtype, "threads": args.threads,
+            "out": Path(args.out or "bench_results"), "raw": args.raw, "quick": args.quick, "dtype": args.dtype, "threads": args.threads,
             "default_method": "prompt-lookup" if any(m.name == "prompt-lookup" for m in methods) else None}
 
 
@@ -189,6 +192,8 @@ def command_line(s: dict) -> str:
     if s["k_sweep"]:
         parts += ["--k-sweep", ",".join(map(str, s["k_sweep"])), "--sweep-method", s["sweep_method"].name,
                   "--sweep-prompts", str(s["sweep_prompts"])]
+    if s.get("raw"):
+        parts.append("--raw")
     return shlex.join(parts + ["--out", str(s["out"])])
 
 
@@ -215,33 +220,23 @@ def run_bench(args) -> int:
     finally:
         torch.set_num_threads(threads)  # as it was (bench may run inside a larger program)
     results["elapsed_s"] = time.perf_counter() - started
-    written = write_outputs(results, settings["out"])
+    written = write_outputs(results, settings["out"], raw=settings["raw"])
     print_summary(results, written, console)
     return 130 if results.get("interrupted") else 0
 
 
 def rebuild_report(args, console) -> int:
-    from genspec.bench.run import write_outputs
-
+    from genspec.bench.run import read_results, write_outputs
     from genspec.bench.schema import check_results
 
     source = Path(args.report_from)
-    try:
-        results = json.loads(source.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise InputFileError(f"results file not found: {source}") from exc
-    except UnicodeDecodeError as exc:
-        raise InputFileError(f"{source}: not a genspec bench results.json (binary or not UTF-8 text)") from exc
-    except json.JSONDecodeError as exc:
-        raise InputFileError(f"{source}: not a genspec bench results.json (not JSON: {exc.msg} at line "
-                             f"{exc.lineno}, column {exc.colno})") from exc
-    except OSError as exc:
-        raise InputFileError(f"cannot read results file {source}: {exc.strerror or exc}") from exc
+    results = read_results(source)
     check_results(results, source)  # every field the report reads, before anything is written
     out = Path(args.out) if args.out else source.parent
     check_output_dir(out)
     results.pop("summary", None)
-    written = write_outputs(results, out)
+    # the records are written back as they were read, compressed if they were
+    written = write_outputs(results, out, name="results.json.gz" if source.name.endswith(".gz") else "results.json")
     print_summary(results, written, console)
     return 0
 

@@ -18,10 +18,10 @@ from genspec.errors import ConfigError
 #: ``genspec train head --token-layers`` unless given: 0, the embedding (EAGLE's), which the shipped head was
 #: trained with, so the default command still makes it. Same data and 600 steps, the first token's agreement
 #: with the target's answers was 0.427 with the embedding, 0.447 with the state after 4 of the embedded
-#: model's 18 layers, 0.485 after 6 (``python benchmarks/head_inputs.py``, benchmarks/results/head_inputs/).
-#: Through the engine a head trained with 6 keeps its first draft token more often (0.73 against 0.56) but
-#: runs slower (1.18x against 1.44x plain: its layers cost about 10 ms a draft on the 2-core AMD EPYC;
-#: benchmarks/results/token_layers_unmeasured), so the shipped head and this default stay
+#: model's 18 layers, 0.485 after 6 (``python benchmarks/heads/head_inputs.py``). Through the engine a head
+#: trained with 6 keeps its first draft token more often (0.73 against 0.56) but runs slower (1.18x against
+#: 1.44x plain: its layers cost about 10 ms a draft on the 2-core AMD EPYC; ``genspec bench --methods
+#: "head,head:path=RUN" --skip-prompts 2 --num-prompts 2 --repeats 1``), so the shipped head and this default stay
 DEFAULT_TOKEN_LAYERS = 0
 
 #: Spec-Bench prompts per category that training never uses (``genspec bench`` measures the first ones)

@@ -17,12 +17,10 @@ from genspec.errors import ConfigError
 
 #: numbered lists are renumbered in lookup chains by default (:mod:`genspec.drafters.enumeration`). Chosen on
 #: the prompts no run measures (each category's 3rd and 4th, embedded model, greedy, 128 tokens, 1 repeat,
-#: 2-core AMD EPYC, 2026-11-27): the suffix hybrid 3.53x plain against 3.37x without, ahead in 8 of 13
-#: categories; the two list answers took 31 / 26 target calls instead of 48 / 33 (writing 83: 2.04x -> 3.01x,
-#: coding 123: 2.57x -> 3.45x); elsewhere call counts moved by 0-3 either way (``genspec bench --methods
-#: "hybrid:renumber=false,hybrid" --skip-prompts 2 --num-prompts 2 --repeats 1``,
-#: benchmarks/results/renumber_unmeasured/greedy); at T 0.7, top-p 0.9, 2.12x against 2.07x (one repeat, within
-#: noise; benchmarks/results/renumber_unmeasured/t07)
+#: 2-core AMD EPYC): the suffix hybrid 3.53x plain against 3.37x without, ahead in 8 of 13 categories; the
+#: two list answers took 31 / 26 target calls instead of 48 / 33; elsewhere call counts moved by 0-3 either
+#: way (``genspec bench --methods "hybrid:renumber=false,hybrid" --skip-prompts 2 --num-prompts 2 --repeats
+#: 1``); at T 0.7, top-p 0.9, 2.12x against 2.07x (one repeat, within noise)
 RENUMBER = True
 
 

@@ -4,10 +4,10 @@ The draft model keeps its own KV cache, one row per request. Before drafting it 
 committed sequence the llama.cpp way: keep the longest common prefix of what it holds and what the
 target committed, drop the rest, and feed the difference in one ragged block. A request's prompt is
 read at its first draft, not when it joins: a request the draft-length policy never drafts for costs the
-drafter nothing (layer skip, which accepts nothing on the embedded model, prefilled every prompt at half
-the target's cost: on rag's long prompts a fresh engine ran at 0.85x plain, 32 tokens,
-benchmarks/results/fresh_request_cost.md), and :meth:`catch_up_tokens` tells the policy what a first
-draft would have to read. Each row samples with its request's settings and random stream.
+drafter nothing (layer skip, which accepts nothing on the embedded model, reads a prompt at half the
+target's cost: read at once, rag's long prompts cost a fresh engine 15% of plain speed on 32-token answers,
+``python benchmarks/policy/fresh_request_cost.py``), and :meth:`catch_up_tokens` tells the policy what a
+first draft would have to read. Each row samples with its request's settings and random stream.
 
 Hierarchical speculation (TriForce-style): with an ``inner`` drafter the draft model's own drafting
 is speculative too: the inner drafter proposes, the draft model verifies with the same lossless

@@ -2,7 +2,7 @@
 
 Lookup drafts cost nothing and are nearly always right after a long match (on Spec-Bench with the
 embedded model a 4-token match starts a correct draft 0.92 of the time, a 1-token match 0.22:
-``python benchmarks/lookup_match_acceptance.py``), while the head's drafts cost a little and are right
+``python benchmarks/acceptance/lookup_match_acceptance.py``), while the head's drafts cost a little and are right
 about as often wherever the text goes. So each step, each row takes lookup's proposal when it matched
 at least ``min_match`` tokens, and the head's otherwise.
 
@@ -33,20 +33,18 @@ LOOKUPS = {"prompt-lookup": PromptLookupDrafter, "suffix": SuffixDrafter}
 #: the default lookup, chosen on Spec-Bench prompts that ``genspec bench`` does not measure and the head
 #: never trained on (each category's 3rd and 4th; embedded model, greedy, 128 tokens, 2 repeats, 2-core AMD
 #: EPYC): suffix + head 2.27x [2.26-2.29] plain against 2.22x [2.17-2.27] with prompt lookup, ahead in both
-#: repeats and fastest in 9 of 13 categories (``genspec bench --methods "hybrid,hybrid:lookup=suffix"
-#: --skip-prompts 2 --num-prompts 2 --max-new-tokens 128 --repeats 2``, run while prompt lookup was the
-#: default; benchmarks/results/hybrid_lookup_unmeasured)
+#: repeats and fastest in 9 of 13 categories (``genspec bench --methods
+#: "hybrid:lookup=prompt-lookup,hybrid:lookup=suffix" --skip-prompts 2 --num-prompts 2 --max-new-tokens 128
+#: --repeats 2``)
 DEFAULT_LOOKUP = "suffix"
 #: weak lookups join the head's tree by default (:class:`HeadAndWeakLookup`), chosen on the prompts no run
-#: measures (each category's 3rd and 4th, 128 tokens, 1 repeat, 2-core AMD EPYC, 2026-11-27): 3.66x plain
+#: measures (each category's 3rd and 4th, 128 tokens, 1 repeat, 2-core AMD EPYC): 3.66x plain
 #: greedy against 3.35x without, ahead in 11 of 13 categories, where lowering ``min_match`` to 2 or 1 instead
-#: gave 3.51x and 3.39x (``genspec bench --methods "hybrid,hybrid:merge_weak=true,hybrid:min_match=2,
-#: hybrid:min_match=2:merge_weak=true,hybrid:min_match=1" --skip-prompts 2 --num-prompts 2 --repeats 1``), and
-#: 2.13x against 1.52x at temperature 0.7, top-p 0.9 (where the run without it had drafted one token a step
-#: through repeating answers: a trap of the cost policy). Once the policy scored later positions unverified
-#: (:meth:`~genspec.draft_length.DraftLength.shadow`) the gap narrowed, greedy: 3.98x against 3.87x, ahead in
-#: 8 of 13 (``--methods "hybrid:merge_weak=false,hybrid"``).
-#: Runs in benchmarks/results/hybrid_merge_weak_unmeasured.
+#: gave 3.51x and 3.39x (``genspec bench --methods "hybrid:merge_weak=false,hybrid:merge_weak=true,
+#: hybrid:min_match=2:merge_weak=false,hybrid:min_match=2:merge_weak=true,hybrid:min_match=1:merge_weak=false"
+#: --skip-prompts 2 --num-prompts 2 --repeats 1``). With the policy scoring later positions unverified
+#: (:meth:`~genspec.draft_length.DraftLength.shadow`), greedy: 3.98x against 3.87x, ahead in 8 of 13
+#: (``--methods "hybrid:merge_weak=false,hybrid"``).
 MERGE_WEAK = True
 
 
@@ -74,7 +72,7 @@ class HeadAndWeakLookup(Drafter):
         # the head's tree (a 4-node tree makes a 4-token block at every depth; the default, a chain's depth,
         # priced its depth-1 draft at 1 token); a weak chain, in the rows that have one this step, adds up to
         # ``depth`` more, not priced: the interface has no row, and on the 2-core EPYC a verify block of 8
-        # tokens costs 60 ms against 49-54 for 1-6 (benchmarks/results/verify_width_cost_packed.txt)
+        # tokens costs 60 ms against 49-54 for 1-6 (``python benchmarks/costs/verify_width_cost.py``)
         return self.head.block_tokens(depth)
 
     def propose(self, requests: list[DraftRequest]) -> Draft:

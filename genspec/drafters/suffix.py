@@ -26,7 +26,7 @@ after those tokens and ``prev[position]`` the one before it with the same hash. 
 vectorised, evicting the oldest request is O(1) (positions are global and only grow: a chain ends where
 it reaches an evicted position), and a lookup walks at most ``max_scan`` positions of one chain (the most
 recent occurrences first) and extends each match with one numpy comparison. Numbers for a 1 M-token cache:
-``python benchmarks/suffix_cache_cost.py`` (README, "Suffix decoding").
+``python benchmarks/costs/suffix_cache_cost.py`` (the manual's suffix drafter section).
 """
 from __future__ import annotations
 
@@ -49,12 +49,12 @@ BOUNDARY = -1
 #: anchor lengths of the hash chains: a lookup tries the longest anchor the sequence's suffix has first
 ANCHORS = (12, 4, 1)
 #: the draft tree's node budget: as deep as the drafter's own depth (24), so a repeating answer, where every
-#: occurrence agrees, is drafted as one chain that deep and the cost policy decides how much of it pays. At 12
-#: such chains stopped at 12 tokens, all kept step after step (the small model loops often); on the prompts no
-#: run measures (each category's 3rd and 4th, 128 tokens, 1 repeat, 2-core AMD EPYC, 2026-11-27) the suffix
-#: hybrid went from 3.31x to 3.49x plain greedy, ahead in 10 of 13 categories, and from 1.51x to 1.57x at
-#: temperature 0.7, top-p 0.9 (``genspec bench --methods "hybrid,hybrid:max_nodes=24" --skip-prompts 2
-#: --num-prompts 2 --repeats 1 [--temperature 0.7 --top-p 0.9]``; benchmarks/results/suffix_max_nodes_unmeasured)
+#: occurrence agrees, is drafted as one chain that deep and the cost policy decides how much of it pays (a
+#: budget of 12 stops such chains at 12 tokens, all kept, step after step: the small model loops often). On the
+#: prompts no run measures (each category's 3rd and 4th, 128 tokens, 1 repeat, 2-core AMD EPYC) the suffix
+#: hybrid ran at 3.49x plain greedy with 24 against 3.31x with 12, 1.57x against 1.51x at temperature 0.7,
+#: top-p 0.9 (``genspec bench --methods "hybrid:max_nodes=12,hybrid:max_nodes=24" --skip-prompts 2
+#: --num-prompts 2 --repeats 1 [--temperature 0.7 --top-p 0.9]``)
 DEFAULT_MAX_NODES = 24
 #: evidence levels: a match of m tokens is reported as the largest of these that is <= m
 MATCH_LEVELS = (1, 2, 3, 4, 6, 9, 16)
@@ -322,7 +322,7 @@ class SuffixDrafter(CandidateDrafter):
     token (2 by default: tuned on prompts ``genspec bench`` does not measure, ``genspec bench
     --skip-prompts 5 --num-prompts 1 --max-new-tokens 128 --repeats 1 --methods
     "suffix,suffix:factor=2,suffix:factor=4,ngram-cache,prompt-lookup"``, embedded model, 2-core AMD EPYC:
-    1.95x / 2.08x / 2.07x plain for factor 1 / 2 / 4, benchmarks/results/tune_suffix_factor; the cost
+    1.95x / 2.08x / 2.07x plain for factor 1 / 2 / 4; the cost
     policy already cuts a draft whose later tokens fail, so a depth cap of one token per matched token
     stopped good drafts early); ``max_match`` longest suffix matched; ``max_scan`` most recent occurrences read per lookup;
     ``cache_tokens`` the process cache's cap (FIFO eviction of whole requests); ``learn`` whether this
@@ -333,9 +333,9 @@ class SuffixDrafter(CandidateDrafter):
     name = "suffix"
     #: SuffixDecoding's own depth (vLLM's ``suffix_decoding_max_tree_depth`` defaults to 24): its drafts
     #: grow with the match, so a long match is drafted far (within ``max_nodes``), and the cost policy cuts
-    #: what does not pay. At 8 it drew 2.94x plain on repeated traffic against 3.69x at 24
-    #: (benchmarks/results/spec_bench_128_suffix_v2, measured prompts: a check of SuffixDecoding's default,
-    #: not a tuning)
+    #: what does not pay. At 8 it drew 2.94x plain on repeated traffic against 3.69x at 24 (the
+    #: measured prompts: a check of SuffixDecoding's default, not a tuning; ``genspec bench --methods
+    #: "suffix:k=8,suffix:k=24" --categories repeated --num-prompts 2 --repeats 2``)
     default_draft_tokens = 24
 
     def __init__(self, num_candidates: int = 2, sampled_candidates: int = 4, max_nodes: int = DEFAULT_MAX_NODES,

@@ -41,8 +41,8 @@ _REQUIRED_FILES = ("config.json", "model.safetensors")
 #: files up to this size are hashed on every load (tokenizer.json, 33 MB: 0.07 s, the whole check 0.07 s);
 #: larger ones (the 1.07 GB model.safetensors: 2.0 s, a sixth of the 11.6 s ``load_model`` takes) at
 #: conversion and again whenever their modification time changed: a rewrite, truncation or copy is caught,
-#: silent bit rot with an unchanged time is not. ``python benchmarks/cache_verify_cost.py`` on the shared
-#: 2-core VM (benchmarks/results/cache_verify_cost.md).
+#: silent bit rot with an unchanged time is not. ``python benchmarks/costs/cache_verify_cost.py`` on the shared
+#: 2-core VM.
 HASH_ON_EVERY_LOAD_BYTES = 64 * 2**20
 
 

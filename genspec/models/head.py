@@ -3,7 +3,7 @@ number of rows.
 
 Why: with a 262k vocabulary the head weight (262,144 x 640 fp32, 671 MB) does not fit any cache, so a
 decode step streams it from memory and its cost decides every speedup on a CPU. BLAS kernels differ a
-lot with the number of rows (``benchmarks/step_cost.py``, 2-core EPYC, torch 2.13, MKL; median ms):
+lot with the number of rows (``benchmarks/costs/step_cost.py``, 2-core EPYC, torch 2.13, MKL; median ms):
 
 =========================================  ====  ====  ====  ====  ====
 rows                                          1     2     4     8    16
@@ -15,41 +15,34 @@ rows                                          1     2     4     8    16
 this class                                   38    50    55    72   140
 =========================================  ====  ====  ====  ====  ====
 
-(one run; the VM is shared and single figures vary by +-20% between runs, the ranking does not).
-On the 2-core Intel Xeon VM (torch 2.13, MKL; ``python benchmarks/verify_width_cost.py``, CPU shared
-with other jobs, medians of 7, benchmarks/results/verify_width_cost*.txt) ``W @ x.T`` costs 114-141 ms
-for 2 to 8 rows against 47 ms for the one-row ``bmm``: a 2-token verify block paid that whole jump, and
-cost more than 3- to 9-token blocks (121 ms against 103-124 ms, ``python
-benchmarks/cost_model_first_sample.py``), which made drafting look dear. Two rows take the ``bmm`` on
-both machines: EPYC 49 against 67 ms (table above), Intel 72 against 141 ms (69 against 131 ms with one
-thread). For 3-8 rows the ``bmm`` is also faster on the Intel VM (79-112 against 114-126 ms) but 2x
-slower on the EPYC (133 against 64 ms at 4 rows), so that switch waits for a per-machine choice.
-So one or two rows (plain decoding, the draft models' steps, a one-token draft's verify block) use the
-chunked ``bmm`` over a transposed copy, 3-12 rows (verifying a longer draft) use ``W @ x.T`` on the
-original weight (shared with the model, no copy), and more rows use the ``bmm`` again. All are exact
-fp32 products of the same numbers; only the summation order inside the BLAS differs (last-bit
-differences, as between any two batch sizes).
+(one run; single figures vary by +-20% between runs on a shared VM, the ranking does not). The ranking
+differs between machines: on a 2-core Intel Xeon ``W @ x.T`` costs 114-141 ms for 2 to 8 rows against 47 ms
+for the one-row ``bmm``, so a 2-token verify block cost more than 3- to 9-token blocks and made drafting look
+dear (``python benchmarks/costs/verify_width_cost.py``).
 
-oneDNN's GEMM over a copy of the weight packed once for it (:class:`PackedWeight`) beats all of these
-from 3 rows on, by far for wide blocks: on the EPYC VM 18-24 ms for 3-8 rows and 27-33 ms for 12-16,
-against 26-49 ms and 94-109 ms as ``W @ x.T`` (medians; ``python benchmarks/verify_width_cost.py --widths
-1,2,3,4,5,6,8,12,16 --repeats 9``, benchmarks/results/verify_width_cost_packed.txt; 2026-11-26, quiet). So
-where the weight can take it (a float32 CPU tensor) the packed GEMM replaces the ``bmm`` as a head's
-second kernel, and its copy replaces the chunked one (no more memory than before).
+The kernels, all exact fp32 products of the same numbers (only the summation order inside the BLAS differs:
+last-bit differences, as between any two batch sizes):
+
+- the chunked ``bmm`` over a transposed copy: fast for one or two rows (plain decoding, the draft models'
+  steps, a one-token draft's verify block);
+- ``W @ x.T`` on the original weight (shared with the model, no copy), one row computed as two (MKL's GEMV
+  is slower than its two-column GEMM): 3-12 rows (verifying a longer draft) and ``LARGE_GEMM_ROWS`` on;
+- oneDNN's GEMM over a copy of the weight packed once for it (:class:`PackedWeight`), where the weight can
+  take it (a float32 CPU tensor): from 3 rows on it beats the others by far (on a 2-core AMD EPYC 18-24 ms
+  for 3-8 rows and 27-33 ms for 12-16, against 26-49 ms and 94-109 ms as ``W @ x.T``; medians, ``python
+  benchmarks/costs/verify_width_cost.py --widths 1,2,3,4,5,6,8,12,16 --repeats 9``), so there it replaces
+  the ``bmm`` as the head's second kernel, and its copy replaces the chunked one (no more memory).
 
 Since the ranking differs between machines, a large head on the CPU picks its kernel per row count by
 timing: the first calls with a new row count alternate the two kernels (the logits they compute are the
 ones returned, so nothing is computed twice), and after ``TUNE_TRIALS`` calls of each the faster one
 (by its quickest call: noise only adds time) is kept for that row count, and timed again after 64 more
 calls of it, then 128, 256, ... (at most every 8,192): a pick spoilt by a noisy start, or by a shared VM
-whose speed shifts, does not last the life of a server (:meth:`LMHead._count_call`). On the 2-core AMD EPYC VM of
-2026-11-25 (quiet; ``python benchmarks/verify_width_cost.py --widths 1,2,3,4,6,8,12,16,24,32 --repeats 5``,
-benchmarks/results/verify_width_cost_wide.txt) the fixed choice lost 11 ms of a 72 ms verify step at 2 rows
-(``bmm`` 32 ms, ``W @ x.T`` 21 ms) and 46 ms of 190 ms at 12 rows (``W @ x.T`` 109 ms, ``bmm`` 63 ms). Small
-heads (tests' random models) and heads on other devices keep the fixed choice above, deterministically.
-The gemm computes one row as two (MKL's GEMV is slower than its two-column GEMM): on the EPYC VM one row
-then takes 19-22 ms against the ``bmm``'s 19-24 ms and 61-65 ms as a GEMV
-(benchmarks/results/verify_width_cost_two_column.txt), so the timing may pick either.
+whose speed shifts, does not last the life of a server (:meth:`LMHead._count_call`). A fixed choice loses
+11 ms of a 72 ms verify step at 2 rows and 46 ms of 190 ms at 12 rows on the 2-core EPYC (``python
+benchmarks/costs/verify_width_cost.py --widths 1,2,3,4,6,8,12,16,24,32 --repeats 5``). Small heads (tests'
+random models) and heads on other devices keep the fixed choice (:meth:`LMHead.default_kernel`),
+deterministically.
 """
 from __future__ import annotations
 
@@ -66,7 +59,7 @@ CHUNK = 1024
 SMALL_GEMM_ROWS = range(3, 13)
 #: from this many rows on, one GEMM again (a training batch through a draft head's truncated head:
 #: 2,048 rows x 8,192 x 640 take 154 ms as ``W @ x.T``, 175 ms as the ``bmm``, 158 ms as ``F.linear``;
-#: ``python benchmarks/subset_head_cost.py``, benchmarks/results/subset_head_cost.txt)
+#: ``python benchmarks/costs/subset_head_cost.py``)
 LARGE_GEMM_ROWS = 64
 #: the number of rows oneDNN lays a packed weight out for; it serves every row count (``PackedWeight``)
 PACK_ROWS_HINT = 8
@@ -101,8 +94,8 @@ class PackedWeight:
     model's 126 decoder linears take 16-20 ms for 3-8 rows packed against 21-39 ms as ``W @ x.T``, its
     262k-row LM head 18-24 ms against 26-49 ms, 12 rows 27 against 109 ms; for one or two rows the plain
     weight is as fast or faster (decoder 20 / 18 against 19 / 22 ms, head 18 / 19 against 22 / 26 ms). Median ms,
-    2-core AMD EPYC, torch 2.13, MKL 2024.2, oneDNN 3.12 (``python benchmarks/verify_width_cost.py --widths
-    1,2,3,4,5,6,8,12,16 --repeats 9``, benchmarks/results/verify_width_cost_packed.txt). The same fp32 products;
+    2-core AMD EPYC, torch 2.13, MKL 2024.2, oneDNN 3.12 (``python benchmarks/costs/verify_width_cost.py --widths
+    1,2,3,4,5,6,8,12,16 --repeats 9``). The same fp32 products;
     only the summation order differs (last-bit differences, as between any two kernels or batch sizes).
 
     The packed copy (as large as the weight) is made on first use and again if the weight changed in
@@ -183,7 +176,7 @@ class LMHead:
         where there is one (a draft head's 8,192-row output layer, 3 / 5 / 16 rows: 0.70 / 0.60 / 1.23 ms
         through this class against 0.92 / 1.11 / 2.62 ms as ``W @ x.T``; one or two rows within noise, the
         packed GEMM 0.81-1.27 ms against 0.81-0.89; 2-core AMD EPYC, medians of 200, ``python
-        benchmarks/subset_head_cost.py --out benchmarks/results/subset_head_cost_packed.txt``); else
+        benchmarks/costs/subset_head_cost.py``); else
         ``"gemm"`` (``W @ x.T``) or ``"chunked"`` (the ``bmm``) by the row count (module docstring)."""
         if "packed" in self.kernels:
             return "packed"
@@ -217,13 +210,12 @@ class LMHead:
 
     def _count_call(self, rows: int) -> None:
         """Count an untimed call of a chosen row count; after ``RETUNE_FIRST`` of them (then twice as many
-        each time, at most ``RETUNE_MAX``) both kernels are timed again. A choice made on a few calls is
-        otherwise kept for the life of the process (a server's): in one 29-minute ``genspec bench`` run on
-        the 2-core AMD EPYC VM (2026-11-26, benchmarks/results/spec_bench_subset_head) 2-token verify blocks
-        cost 65 ms against 56 ms for one token all along, while the same day a short run measured 50.4 ms for
-        them against plain decoding's 51.5 ms (benchmarks/results/head_short_run) and, in isolation, two rows cost what one does (64 against
-        64 ms, medians; benchmarks/results/verify_width_cost_2026_11_26.txt, where the ``bmm`` takes 39 ms for
-        two rows against 29 ms for ``W @ x.T``): what a ``bmm`` kept for two rows costs."""
+        each time, at most ``RETUNE_MAX``) both kernels are timed again. A choice made on a few calls would
+        otherwise be kept for the life of the process (a server's): in one 29-minute ``genspec bench`` run on
+        a 2-core AMD EPYC, 2-token verify blocks cost 65 ms against 56 ms for one token all along, while in
+        isolation two rows cost what one does (64 against 64 ms, medians; the ``bmm`` takes 39 ms for two
+        rows against 29 ms for ``W @ x.T``, ``python benchmarks/costs/verify_width_cost.py --widths 1,2,3,4
+        --repeats 15``): what a ``bmm`` kept for two rows costs."""
         self._until_retune[rows] -= 1
         if self._until_retune[rows] <= 0:
             del self._chosen[rows]

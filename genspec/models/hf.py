@@ -10,11 +10,12 @@ every architecture whose attention takes a prepared 4-D mask (Llama, Gemma 3, Qw
 The LM head is applied by genspec (:class:`genspec.models.head.LMHead`), only to the rows that need it,
 with the fastest exact CPU kernel for the number of rows (one ``W @ x.T`` or oneDNN's GEMM over a packed
 copy, timed per row count on a large head); with a 262k vocabulary that halves a decode step's head and makes
-verifying a draft much cheaper than ``F.linear`` (benchmarks/step_cost.py, benchmarks/verify_width_cost.py).
+verifying a draft much cheaper than ``F.linear`` (``python benchmarks/costs/step_cost.py``,
+``python benchmarks/costs/verify_width_cost.py``).
 The decoder's ``nn.Linear`` layers are swapped for :class:`TransposedLinear` (``(W @ x.T).T``, one row
 computed as two, and the packed GEMM from 3 rows on), which is exact and faster for the 1-16 row products
-of decoding on CPU: on the embedded model a 6-token verify block now costs 53 ms against 49 ms for one
-token (133 ms before the packed GEMM; benchmarks/results/verify_width_cost_packed.txt).
+of decoding on CPU: on the embedded model a 6-token verify block costs 53 ms against 49 ms for one
+token (133 ms without the packed GEMM; ``python benchmarks/costs/verify_width_cost.py``, 2-core AMD EPYC).
 """
 from __future__ import annotations
 
@@ -367,7 +368,7 @@ class HFCausalLM(CausalLM):
         truncated vocabulary; differentiable in the hidden states, for training). The rows go through an
         :class:`LMHead`: one draft token's logits over 8,192 rows cost 0.66 ms there against 1.91 ms as
         ``F.linear``, two rows 0.98 against 4.29 ms, on the 2-core AMD EPYC VM (``python
-        benchmarks/subset_head_cost.py``, benchmarks/results/subset_head_cost.txt); a plain step is 55-60 ms."""
+        benchmarks/costs/subset_head_cost.py``); a plain step is 55-60 ms."""
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
         bias = None if self._head_bias is None else self._head_bias.detach()[ids]
         head = LMHead(self._head.weight.detach()[ids], bias)
@@ -477,14 +478,13 @@ class TransposedLinear(torch.nn.Module):
     it and no gradient is asked for), exactly (the same fp32 products; only the summation order differs).
 
     One row is duplicated to two: MKL's two-column GEMM beats its one-column GEMV (and ``x @ W.T`` on a
-    transposed copy, what this class ran before); the result is made contiguous because a transposed view
-    sends every later op of the layer (norms, RoPE, attention) down a strided path: the CPU flash
-    attention refuses a query whose last dimension is strided and falls back to the math kernel. The
-    embedded model's decoder, before / now, 1, 2, 3, 4 and 8 tokens after 200: 41 / 35, 44 / 34, 56 / 37,
-    49 / 35, 76 / 58 ms (medians of 11, kernels alternated in one process; 2-core AMD EPYC, torch 2.13, MKL;
-    ``python benchmarks/linear_kernel_ab.py``, benchmarks/results/linear_kernel_ab.txt). The packed GEMM
-    then took its 126 linears from 21-39 ms to 16-20 ms for 3-8 rows; at two rows it loses (22 against
-    16-18 ms), at one it is about even (:class:`~genspec.models.head.PackedWeight`). Shares the original weight; the
+    transposed copy); the result is made contiguous because a transposed view sends every later op of the
+    layer (norms, RoPE, attention) down a strided path: the CPU flash attention refuses a query whose last
+    dimension is strided and falls back to the math kernel. The embedded model's decoder with a strided
+    result and a one-row GEMV / as here, 1, 2, 3, 4 and 8 tokens after 200: 41 / 35, 44 / 34, 56 / 37,
+    49 / 35, 76 / 58 ms (medians of 11, kernels alternated in one process; 2-core AMD EPYC, torch 2.13, MKL).
+    The packed GEMM takes its 126 linears from 21-39 ms to 16-20 ms for 3-8 rows; at two rows it loses (22
+    against 16-18 ms), at one it is about even (:class:`~genspec.models.head.PackedWeight`). Shares the original weight; the
     packed copy (as large again: 400 MB for the embedded model) is made the first time a block of
     ``PACKED_MIN_ROWS`` or more rows comes. ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
 

@@ -427,7 +427,7 @@ def run_server(app: FastAPI, host: str, port: int, grace_s: float, log_level: st
     starts it; a second thread doing torch work gets a second team, and with more OpenMP threads than
     cores libgomp stops spin-waiting between a step's thousands of short parallel regions. The embedded
     model's forward over 4 rows took 68 ms in the thread that loaded it and 90 ms in another
-    (``python benchmarks/thread_forward.py``, 2-core EPYC), which cost the server 30% of its throughput.
+    (``python benchmarks/costs/thread_forward.py``, 2-core EPYC), which cost the server 30% of its throughput.
 
     On a signal: no new connections; requests in flight run up to ``grace_s`` seconds more, then are
     cancelled; then the process returns."""

@@ -1,6 +1,6 @@
 """The theory of speculative decoding as a toolkit: compute it exactly, simulate it, draw it.
 
-Specification: theory.md (Yin et al., NeurIPS 2024; Leviathan et al., ICML 2023).
+Specification: docs/theory.md (Yin et al., NeurIPS 2024; Leviathan et al., ICML 2023).
 **p is the DRAFT, q is the TARGET**; the code says ``draft_probs`` / ``target_probs``.
 
 - :mod:`~genspec.theory.chains`    Markov-chain pairs: JSON loading with validation, random pairs.

@@ -4,10 +4,10 @@ The exact DPs, the simulators and the chain files all grow with their arguments 
 T M^2 V^2, a chain pair as T V^2, a simulation as N T (V + M)); without a bound, ``genspec theory limit
 --max-batch 100000000000`` runs for ever and ``random-chain --vocab 100000 --horizon 1000`` dies of a
 MemoryError. Each algorithm's module states its cost (``*_cost`` functions, per-unit rates measured by
-``python benchmarks/theory_costs.py`` on the shared 2-core VM; accurate to a factor of about 3, which is
+``python benchmarks/theory/theory_costs.py`` on the shared 2-core VM; accurate to a factor of about 3, which is
 enough to tell minutes from days), and :func:`check` refuses a computation whose estimate exceeds
 :data:`MAX_BYTES` or :data:`MAX_SECONDS` with one line saying the estimate, the limits and why.
-Everything the README and the benchmarks run stays far below them (the largest, ``theory figures``,
+Everything the manual and the benchmarks run stays far below them (the largest, ``theory figures``,
 is estimated at about a minute).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Pairs of Markov chains (draft and target): the paper's abstraction and genspec's JSON format.
 
-Shapes (theory.md, "Markov-chain pairs"): ``V`` symbols, horizon ``T`` generated tokens.
+Shapes (docs/theory.md, "Markov-chain pairs"): ``V`` symbols, horizon ``T`` generated tokens.
 
 - ``initial``  ``[V]``        law of the prompt token x_0,
 - ``draft``    ``[T, V, V]``  ``draft[n][i]``  = p(x_{n+1} = . | x_n = i)   (p = DRAFT, the speculator),
@@ -22,7 +22,7 @@ from genspec.theory.budget import Cost, check
 
 ROW_SUM_TOLERANCE = 1e-9
 #: cost per probability of a chain pair (validation walks nested Python lists; JSON text), measured by
-#: ``python benchmarks/theory_costs.py`` (V = 300, T = 50: 9e6 probabilities, 26 s, 0.8 GB)
+#: ``python benchmarks/theory/theory_costs.py`` (V = 300, T = 50: 9e6 probabilities, 26 s, 0.8 GB)
 _CHAIN_SECONDS_PER_ENTRY = 3e-6
 _CHAIN_BYTES_PER_ENTRY = 100
 
@@ -87,7 +87,7 @@ def chain_cost(vocab_size: int, horizon: int) -> Cost:
 
 
 def random_chain(vocab_size: int, horizon: int, seed: int) -> ChainPair:
-    """A random pair exactly as theory.md specifies: every row flat Dirichlet, drawn in the order
+    """A random pair exactly as docs/theory.md specifies: every row flat Dirichlet, drawn in the order
     initial, draft, target from ``numpy.random.default_rng(seed)``. Same seed, same pair.
     Refused (:class:`ConfigError`) above the theory toolkit's limits (:mod:`genspec.theory.budget`)."""
     if vocab_size < 1 or horizon < 1:

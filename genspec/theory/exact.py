@@ -1,4 +1,4 @@
-"""Exact expected rejections on a Markov-chain pair, float64, pure NumPy (theory.md).
+"""Exact expected rejections on a Markov-chain pair, float64, pure NumPy (docs/theory.md).
 
 Reminder: p = DRAFT = ``draft``, q = TARGET = ``target``. All functions take a
 :class:`~genspec.theory.chains.ChainPair` (``initial [V]``, ``draft [T, V, V]``, ``target [T, V, V]``).
@@ -31,11 +31,11 @@ from genspec.theory.chains import ChainPair
 VARIANTS = ("batch", "multidraft")
 
 # the residual recursion q^{j+1} = norm([q^j - p]+) reaches a fixed point after finitely many stages
-# (theory.md, Prop. 1); near-ties in q^j/p can need many stages, hence the generous cap.
+# (docs/theory.md, Prop. 1); near-ties in q^j/p can need many stages, hence the generous cap.
 _FIXED_POINT_MAX_STAGES = 100_000
 _FIXED_POINT_ATOL = 1e-14
 
-# costs, measured by ``python benchmarks/theory_costs.py``: a verifier stage (one Python iteration over
+# costs, measured by ``python benchmarks/theory/theory_costs.py``: a verifier stage (one Python iteration over
 # [V, V] arrays) takes 2e-4 s + 1e-7 s per V^2 entry and keeps 18 bytes per M V^2; the multi-draft DP's
 # binomial tables [M, V, V, M] take 1.2e-7 s per entry per position and 42 bytes per M^2 V^2 at their peak
 _STAGE_SECONDS, _STAGE_SECONDS_PER_ENTRY, _STAGE_BYTES_PER_ENTRY = 2e-4, 1e-7, 18
@@ -99,7 +99,7 @@ def residual_law(target_probs, draft_probs, residual: str = "opt") -> np.ndarray
 
 
 # ---------------------------------------------------------------------------------------------
-# the recursive residual verifier (theory.md, "Batch speculative decoding")
+# the recursive residual verifier (docs/theory.md, "Batch speculative decoding")
 
 
 @dataclass
@@ -224,7 +224,7 @@ def _limit_outcome(target_probs: np.ndarray, draft_probs: np.ndarray) -> Verifie
 def expected_rejections_sd(chain: ChainPair) -> float:
     """Theorem 1: E[N_rej] = sum_n E_{x_{n-1} ~ target}[TV(p_n, q_n)].
 
-    m = initial; for n = 0..T-1: add sum_i m(i) TV(draft[n][i], target[n][i]); m <- m target[n].
+    ``m = initial; for n = 0..T-1: add sum_i m(i) TV(draft[n][i], target[n][i]); m <- m target[n]``.
     """
     marginal = chain.initial
     total = 0.0

@@ -250,7 +250,7 @@ def figure_batch_improvement(max_batch: int = 16) -> Figure:
 
 def figure_pareto(random_seed: int = 3, vocab: int = 7) -> Figure:
     """Theorem 5's front R + Loss* = TV with Decoding-OPT (on it) and Decoding-UNO (above it) for the
-    over-acceptance family, on theory.md's worked example and on a random pair."""
+    over-acceptance family, on docs/theory.md's worked example and on a random pair."""
     rng = np.random.default_rng(random_seed)
     random_draft, random_target = rng.dirichlet(np.ones(vocab)), rng.dirichlet(np.ones(vocab))
     cases = [("worked example p = (0.3, 0.7), q = (0.5, 0.5)", pareto.EXAMPLE_DRAFT, pareto.EXAMPLE_TARGET,

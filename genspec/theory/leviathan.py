@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from genspec.theory.chains import ChainPair
 
 VerifyCost = Union[float, Callable[[int], float]]
-#: one speedup evaluation in the optimal-gamma search (``python benchmarks/theory_costs.py``)
+#: one speedup evaluation in the optimal-gamma search (``python benchmarks/theory/theory_costs.py``)
 _SECONDS_PER_GAMMA = 1e-6
 
 

@@ -1,4 +1,4 @@
-"""Bias versus rejections (theory.md, Theorems 4 and 5): every formula of it, once.
+"""Bias versus rejections (docs/theory.md, Theorems 4 and 5): every formula of it, once.
 
 p = DRAFT = ``draft_probs``, q = TARGET = ``target_probs``, laws over the last axis ``[..., V]``. A
 rejection-based rule keeps the draft token y with probability b(y) = ``keep_probs`` and otherwise
@@ -34,7 +34,7 @@ from genspec.acceptance import keep_probabilities, resampling_law, residual_dist
 from genspec.errors import ConfigError
 from genspec.theory.exact import keep_probability, residual_law, total_variation
 
-# the worked example of theory.md
+# the worked example of docs/theory.md
 EXAMPLE_DRAFT = (0.3, 0.7)
 EXAMPLE_TARGET = (0.5, 0.5)
 DEFAULT_EPSILONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)

@@ -2,8 +2,8 @@
 
 The simulators run the algorithm itself: they draw the draft tokens from the draft chain and verify
 them with :func:`genspec.acceptance.verify_multidraft`, the same acceptance code the engine uses on
-real models (theory.md: "One acceptance implementation must serve the theory simulators and the
-engine"). With one candidate that function is the single-position SD rule; with K candidates it is
+real models (docs/theory.md, "How it is tested": one acceptance implementation serves the theory
+simulators and the engine). With one candidate that function is the single-position SD rule; with K candidates it is
 the recursive residual verifier; ``num_candidates`` carries each run's number of live drafts.
 
 Shapes: ``N`` runs, ``M`` drafts per round, ``V`` symbols, horizon ``T``. Tensors are torch float64
@@ -31,7 +31,7 @@ from genspec.theory.chains import ChainPair
 from genspec.theory.exact import VARIANTS
 
 DEFAULT_CHUNK = 100_000  # runs simulated together; bounds memory at a few hundred MB for V <= 100
-# costs per run and position, measured by ``python benchmarks/theory_costs.py``: seconds 2e-7 + 1.5e-7 V
+# costs per run and position, measured by ``python benchmarks/theory/theory_costs.py``: seconds 2e-7 + 1.5e-7 V
 # + 1.5e-7 M + 1.5e-8 V M; memory: the sequences (8 bytes per token, kept twice while concatenated) and
 # about 7 [chunk, V] float64 tensors
 _SIM_SECONDS = (2e-7, 1.5e-7, 1.5e-7, 1.5e-8)

@@ -1,4 +1,4 @@
-"""Two statistics the toolkit reports: chi-square goodness of fit (theory.md, "How to test": pool the
+"""Two statistics the toolkit reports: chi-square goodness of fit (docs/theory.md, "How it is tested": pool the
 cells with expected count below 5) and the Wilson score interval of a proportion (WinRate)."""
 from __future__ import annotations
 

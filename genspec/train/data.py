@@ -1,6 +1,6 @@
 """Training data for speculators: token sequences, kept in the output directory so that a resumed run,
 or another kind trained for the same model (``--sequences``), skips the slow part (the target's
-continuations: about 15 minutes for 415 prompts x 128 tokens on the 2-core CPU, 2026-11-24).
+continuations: about 15 minutes for 415 prompts x 128 tokens on a 2-core CPU).
 
 Sources: the target's own greedy continuations of Spec-Bench prompts that ``genspec bench`` never
 measures (prompts longer than ``max_prompt_tokens`` are teacher-forced only: decoding after them is

@@ -1,0 +1,66 @@
+"""What verifying the default model's cache costs, against loading the model (genspec/models/default.py).
+
+    python benchmarks/costs/cache_verify_cost.py > benchmarks/results/costs/cache_verify_cost.md
+
+Times the sha256 of each cached file, the check made on every load (sizes, safetensors header, sha256
+of the files up to HASH_ON_EVERY_LOAD_BYTES), the check after the weights' modification time changed
+(their full sha256), and ``genspec.load_model()``. Medians of a few repeats, files in the page cache.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import genspec
+from genspec.models import default
+
+
+def median_seconds(function, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
+def main() -> None:
+    directory = default.default_model_dir()  # converts on first use, records checksums of an older cache
+    print(f"# Cost of verifying the default model's cache\n\n`python benchmarks/costs/cache_verify_cost.py` on "
+          f"{cpu_name()}, {os.cpu_count()} cores shared with other work; "
+          f"cache {directory}; medians.\n")
+    print("| what | seconds |\n|---|---|")
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and path.stat().st_size > 1_000_000:
+            seconds = median_seconds(lambda: default._sha256(path), 3)
+            print(f"| sha256 of {path.name} ({path.stat().st_size / 1e6:,.0f} MB) | {seconds:.3f} |")
+    seconds = median_seconds(lambda: default.verify_cache(directory), 5)
+    print(f"| check on every load (sizes, header, sha256 of files <= "
+          f"{default.HASH_ON_EVERY_LOAD_BYTES >> 20} MiB) | {seconds:.3f} |")
+    weights = directory / "model.safetensors"
+    stat = weights.stat()
+
+    def check_after_touch():
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+        try:
+            assert default.verify_cache(directory).usable
+        finally:
+            os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    print(f"| check after the weights' modification time changed (full sha256) | "
+          f"{median_seconds(check_after_touch, 3):.3f} |")
+    print(f"| genspec.load_model() (verification included) | {median_seconds(genspec.load_model, 3):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
