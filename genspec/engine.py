@@ -12,6 +12,10 @@ every draft and yields the bonus token. Plain decoding is the same loop with an 
 baseline and speculation share one code path and one numerics. Each request has its own sampling
 settings, drafter (among those the engine holds, or none), draft-length policy, random streams and
 statistics.
+
+Stop strings follow OpenAI: a request ends at the token that completes one, and its text ends before
+it (:func:`visible_text`: the stop string is not returned); its token ids keep the tokens generated, up
+to that token.
 """
 from __future__ import annotations
 
@@ -201,10 +205,28 @@ class RequestStats:
 
 @dataclass
 class RequestResult:
+    """One finished request: its new tokens, and their text (with a tokenizer) ending before the stop
+    string that stopped it (:func:`visible_text`)."""
+
     token_ids: list[int]
     stats: RequestStats
     finish_reason: str  # "length", "eos", "stop", "cancelled" or "error"
     text: str | None = None
+
+
+def visible_text(text: str, stop_strings: tuple[str, ...], finished: bool) -> str:
+    """The part of a request's generated ``text`` its caller is shown: up to the first stop string, not
+    including it (OpenAI's convention). While the request runs (not ``finished``), also without a
+    trailing incomplete character (a multi-byte character whose rest is to come) or a trailing piece
+    that may yet begin a stop string, so that text once shown is never taken back."""
+    cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=-1)
+    if cut >= 0:
+        return text[:cut]
+    if not finished:
+        text = text.rstrip("\ufffd")
+        hold = max((k for s in stop_strings for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        text = text[:len(text) - hold]
+    return text
 
 
 @dataclass
@@ -473,7 +495,8 @@ class SpeculativeEngine:
         finally:
             self._disown([i for i in ids if i not in finished])
         return [RequestResult(tokens[i], finished[i].stats, finished[i].finish_reason,
-                              self._decode(tokens[i]) if self.tokenizer is not None else None) for i in ids]
+                              visible_text(self._decode(tokens[i]), config.stop_strings, finished=True)
+                              if self.tokenizer is not None else None) for i in ids]
 
     def generate(self, prompts: str | list[str], config: GenerationConfig | None = None,
                  **overrides) -> list[RequestResult]:
@@ -483,7 +506,8 @@ class SpeculativeEngine:
     def stream(self, prompt: str, config: GenerationConfig | None = None, **overrides) -> Iterator[str]:
         """Yield the text of one request in chunks, as tokens are accepted. Streams and ``generate`` calls
         may interleave on one engine: each reads only its own request's steps, whoever ran them."""
-        request_id = self._add_own([(self._encode(prompt)[0], _config(config, overrides), 0)])[0]
+        config = _config(config, overrides)
+        request_id = self._add_own([(self._encode(prompt)[0], config, 0)])[0]
         tokens, shown, done = [], "", False
         try:
             while not done:
@@ -492,9 +516,7 @@ class SpeculativeEngine:
                 for step in self._read(request_id):
                     tokens += step.new_tokens
                     done = step.finish_reason is not None
-                text = self._decode(tokens)
-                if text.endswith("\ufffd") and not done:  # an incomplete multi-byte character: wait for the rest
-                    continue
+                text = visible_text(self._decode(tokens), config.stop_strings, done)
                 if len(text) > len(shown):
                     yield text[len(shown):]
                     shown = text

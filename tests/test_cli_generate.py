@@ -131,3 +131,19 @@ def test_stream_cli(capsys, tiny_model_dirs):
     target, _ = tiny_model_dirs
     assert main(["generate", "--model", str(target), "--prompt", "abab", "--max-new-tokens", "5", "--stream"]) == 0
     assert capsys.readouterr().out.strip() != ""
+
+
+def test_stop_strings_are_not_printed(capsys, tiny_model_dirs):
+    """As the server (and OpenAI) do, the text ends before the stop string: in --json, plain and
+    --stream output alike."""
+    target, _ = tiny_model_dirs
+    base = ["generate", "--model", str(target), "--prompt", "abcabcabc def def abc", "--max-new-tokens", "40"]
+    full = run_json(capsys, base + ["--json"])["samples"][0]["text"]
+    stop = next(full[i:i + 2] for i in range(3, len(full) - 1)
+                if full[i:i + 2].isascii() and full[i:i + 2].isprintable() and full.index(full[i:i + 2]) >= 3)
+    expected = full[:full.index(stop)]
+    sample = run_json(capsys, base + [f"--stop={stop}", "--json"])["samples"][0]
+    assert sample["finish_reason"] == "stop" and sample["text"] == expected
+    for extra in ([], ["--stream"]):
+        code, out, _ = _run(capsys, base + [f"--stop={stop}"] + extra)
+        assert code == 0 and out == expected + "\n"

@@ -8,7 +8,7 @@ from stats_helpers import chi_square_pvalue
 from tiny_models import exact_joint, peaked, tiny_gemma3, tiny_llama
 
 from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
-from genspec.engine import GenerationConfig, SpeculativeEngine
+from genspec.engine import GenerationConfig, SpeculativeEngine, visible_text
 from genspec.errors import ConfigError, ContextLengthError
 from genspec.models import HFCausalLM
 from genspec.sampling import SamplingConfig, process_logits
@@ -168,6 +168,38 @@ def test_eos_and_stop():
         [PROMPTS[0]], max_new_tokens=20, eos_token_ids=(eos,))[0]
     assert stopped.token_ids == plain.token_ids[:first + 1]
     assert stopped.finish_reason == "eos"
+
+
+def _stop_in(text: str) -> str:
+    """A 2-character printable ASCII stop string that first occurs in ``text`` after its 3rd character."""
+    for i in range(3, len(text) - 1):
+        window = text[i:i + 2]
+        if window.isascii() and window.isprintable() and text.index(window) >= 3:
+            return window
+    raise AssertionError(f"no printable stop string in {text!r}")
+
+
+def test_stop_strings_are_not_returned(tiny_model_dir):
+    """OpenAI's convention, in the engine (what genspec generate and genspec serve show): the text ends
+    before the stop string, in generate and in stream; the token ids go up to the token that completed it."""
+    import genspec
+
+    engine = genspec.load(str(tiny_model_dir))
+    prompt = "abcabcabc def def abc"
+    full = engine.generate(prompt, max_new_tokens=40)[0]
+    stop = _stop_in(full.text)
+    stopped = engine.generate(prompt, max_new_tokens=40, stop_strings=(stop,))[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == full.text[:full.text.index(stop)]
+    assert engine.tokenizer.decode(stopped.token_ids, skip_special_tokens=True).startswith(stopped.text + stop)
+    assert "".join(engine.stream(prompt, max_new_tokens=40, stop_strings=(stop,))) == stopped.text
+
+
+def test_visible_text_holds_back_what_may_yet_be_a_stop_string():
+    assert visible_text("ab<stop>cd<x", ("<x", "<stop>"), finished=True) == "ab"
+    assert visible_text("ab<st", ("<stop>",), finished=False) == "ab"  # "<st" may become "<stop>"
+    assert visible_text("ab<st", ("<stop>",), finished=True) == "ab<st"
+    assert visible_text("ab\ufffd", (), finished=False) == "ab"  # an incomplete character: its rest is to come
 
 
 @pytest.mark.parametrize("kwargs, message", [

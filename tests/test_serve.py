@@ -20,7 +20,7 @@ import genspec
 from genspec.drafters.base import Drafter
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.engine import SpeculativeEngine
-from genspec.serve.app import create_app
+from genspec.serve.app import DEFAULT_MAX_BODY_BYTES, create_app
 
 PROMPT = "abcabcabc def def abc"
 
@@ -67,20 +67,41 @@ class _Gate(Drafter):
         return Draft.from_chains([[] for _ in requests])
 
 
+class _GatedTokenizer:
+    """The model's tokenizer, except that encoding a text longer than ``long`` characters first sets
+    ``entered`` and waits for ``release``: a test can hold a request in its tokenising."""
+
+    def __init__(self, tokenizer, long: int):
+        self.tokenizer, self.long = tokenizer, long
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, text, **kwargs):
+        if len(text) > self.long:
+            self.entered.set()
+            self.release.wait(timeout=60)
+        return self.tokenizer(text, **kwargs)
+
+    def decode(self, tokens, **kwargs):
+        return self.tokenizer.decode(tokens, **kwargs)
+
+
 class Served:
     """A server in a thread; ``url``, ``client`` (openai), ``app``."""
 
-    def __init__(self, model_dir, max_batch_size=4, max_queue=8, chat_template=None):
+    def __init__(self, model_dir, max_batch_size=4, max_queue=8, chat_template=None, tokenizer=None,
+                 max_body_bytes=DEFAULT_MAX_BODY_BYTES):
         target = genspec.load_model(str(model_dir))
         if chat_template is not None:
             target.tokenizer.chat_template = chat_template
         bad = target.tokenizer("Z", add_special_tokens=False)["input_ids"][0]
         self.gate = _Gate()
-        engine = SpeculativeEngine(target, PromptLookupDrafter(), max_batch_size=max_batch_size, drafters={
-            "ngram-cache": genspec.build_drafter("ngram-cache", target, namespace="serve-test"),
-            "failing": _Failing(bad), "gate": self.gate})
+        engine = SpeculativeEngine(target, PromptLookupDrafter(), tokenizer=tokenizer, max_batch_size=max_batch_size,
+                                   drafters={"ngram-cache": genspec.build_drafter("ngram-cache", target,
+                                                                                  namespace="serve-test"),
+                                             "failing": _Failing(bad), "gate": self.gate})
         self.engine = engine
-        self.app = create_app(engine, "tiny", max_queue=max_queue, grace_s=5)
+        self.app = create_app(engine, "tiny", max_queue=max_queue, grace_s=5, max_body_bytes=max_body_bytes)
         self.port = _free_port()
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -107,9 +128,13 @@ class Served:
         return total
 
 
+#: the request body limit of the module's server (smaller than the default, to test it cheaply)
+BODY_LIMIT = 256 * 1024
+
+
 @pytest.fixture(scope="module")
 def served(tiny_model_dir):
-    server = Served(tiny_model_dir)
+    server = Served(tiny_model_dir, max_body_bytes=BODY_LIMIT)
     yield server
     server.stop()
 
@@ -355,27 +380,35 @@ def test_a_full_queue_answers_429(tiny_model_dir):
         server.stop()
 
 
-def test_sigterm_finishes_requests_in_flight_and_stops_taking_new_ones(tiny_model_dir):
-    """`genspec serve` as a process: SIGTERM while a stream runs; the stream still ends normally
-    (finish reason, [DONE]), new connections are refused, and the process ends without an error."""
-    import signal
+def _start_serve(model_dir, *flags):
+    """`genspec serve` of ``model_dir`` as a process on a free port: ``(process, url)`` once /health answers."""
     import subprocess
     import sys
 
     port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "genspec", "serve", "--model", str(tiny_model_dir), "--port",
-                                str(port), "--grace-period", "20"], stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "genspec", "serve", "--model", str(model_dir), "--port",
+                                str(port), *flags], stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        assert process.poll() is None, process.stderr.read()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            if time.time() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.2)
+
+
+def test_sigterm_finishes_requests_in_flight_and_stops_taking_new_ones(tiny_model_dir):
+    """`genspec serve` as a process: SIGTERM while a stream runs; the stream still ends normally
+    (finish reason, [DONE]), new connections are refused, and the process ends without an error."""
+    import signal
+
+    process, url = _start_serve(tiny_model_dir, "--grace-period", "20")
     try:
-        deadline = time.time() + 120
-        while True:
-            assert process.poll() is None, process.stderr.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.time() < deadline
-                time.sleep(0.2)
         lines = []
         with httpx.stream("POST", url + "/v1/completions", timeout=60,
                           json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}) as raw:
@@ -391,6 +424,25 @@ def test_sigterm_finishes_requests_in_flight_and_stops_taking_new_ones(tiny_mode
         assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
         assert process.wait(timeout=60) == 0
         assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_the_body_limit_is_a_serve_flag(tiny_model_dir, capsys):
+    import signal
+
+    from genspec.cli import main
+
+    assert main(["serve", "--max-body-bytes", "0"]) == 2
+    assert "--max-body-bytes must be >= 1" in capsys.readouterr().err
+    process, url = _start_serve(tiny_model_dir, "--max-body-bytes", "2000", "--no-cost-measurement")
+    try:
+        refused = httpx.post(url + "/v1/completions", json={"prompt": "x" * 2000})
+        assert refused.status_code == 413 and "2000 bytes" in refused.json()["error"]["message"]
+        assert httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
     finally:
         if process.poll() is None:
             process.kill()
@@ -467,3 +519,227 @@ def test_metrics_of_several_servers_merge_into_their_sums():
     assert merged[("genspec:time_to_first_token_seconds_bucket", (("le", "0.25"),))] == 0
     assert not any(name.endswith("_created") for name, _ in merged)
 
+
+
+# ------------------------------------------------------------------------------ no request holds up the others
+def _raw_http(port: int, head: bytes, body_parts: list[bytes]) -> tuple[int, dict]:
+    """Send a request by hand (``head`` with its blank line, then ``body_parts``, stopping as soon as the
+    server answers); return the answer's status and JSON body."""
+    import re
+    import select
+
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as connection:
+        connection.sendall(head)
+        for part in body_parts:
+            if select.select([connection], [], [], 0)[0]:  # an answer came: stop sending
+                break
+            try:
+                connection.sendall(part)
+            except OSError:  # the server answered and closed
+                break
+
+        def receive() -> bytes:
+            chunk = connection.recv(65536)
+            assert chunk, "the server closed the connection without an answer"
+            return chunk
+
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += receive()
+        head_text, body = answer.split(b"\r\n\r\n", 1)
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head_text).group(1))
+        while len(body) < length:
+            body += receive()
+    return int(head_text.split(b" ")[1]), json.loads(body)
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(served):
+    """A 50 MB body announced by its Content-Length: 413 with an OpenAI error at once, after a few bytes
+    of it; a chunked body (no length announced): 413 as soon as what arrived passes the limit, before
+    its end (which never comes). The server waits for neither body's end."""
+    start = b'{"prompt": "' + b"x" * 1000
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 50000000\r\n\r\n")
+    status, body = _raw_http(served.port, head, [start])
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert str(BODY_LIMIT) in body["error"]["message"]
+    chunk = b"x" * 65536
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    parts = [b"%x\r\n%s\r\n" % (len(part), part) for part in [start] + [chunk] * (2 * BODY_LIMIT // len(chunk))]
+    status, body = _raw_http(served.port, head, parts)
+    assert status == 413 and body["error"]["type"] == "invalid_request_error"
+    ok = httpx.post(served.url + "/v1/completions", json={"prompt": "x" * (BODY_LIMIT - 100), "max_tokens": 1})
+    assert ok.status_code == 400 and ok.json()["error"]["code"] == "context_length_exceeded"  # read: under the limit
+
+
+def test_a_request_being_tokenised_does_not_hold_up_the_others(tiny_model_dir):
+    """A request with a long prompt is held in its tokenising (the tokenizer waits on an event); meanwhile
+    /health and a small completion are answered, and the long request then ends normally (a 400: its
+    prompt exceeds the context). Tokenising on the event loop would hold every request until the
+    event."""
+    tokenizer = _GatedTokenizer(genspec.load_model(str(tiny_model_dir)).tokenizer, long=100_000)
+    server = Served(tiny_model_dir, tokenizer=tokenizer)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            big = pool.submit(httpx.post, server.url + "/v1/completions", timeout=120,
+                              json={"prompt": "abc " * 250_000, "max_tokens": 4})
+            assert tokenizer.entered.wait(timeout=60), "the long prompt was never tokenised"
+            assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+            small = httpx.post(server.url + "/v1/completions", timeout=30,
+                               json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0})
+            assert small.status_code == 200 and small.json()["usage"]["completion_tokens"] == 3
+            assert not big.done()  # all of the above happened while the long request was being tokenised
+            tokenizer.release.set()
+            assert big.result().status_code == 400
+            assert big.result().json()["error"]["code"] == "context_length_exceeded"
+    finally:
+        tokenizer.release.set()
+        server.stop()
+
+
+# ------------------------------------------------------------------------------ seeds, numbers, error shapes
+def test_negative_seeds_map_to_their_twos_complement_and_seeds_beyond_64_bits_are_refused(served, tiny_model_dir):
+    """Seeds take OpenAI's range, 64-bit signed integers; -1 is the engine's seed 2**64 - 1: sampled,
+    greedy and streamed requests run, and a sampled one gives what plain sampling with that seed gives
+    (prompt lookup drafts point masses, so a seeded request gives plain sampling's tokens)."""
+    sampled = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.0, seed=-1)
+    engine = genspec.load(str(tiny_model_dir), drafter="none")
+    plain = engine.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=2**64 - 1)[0]
+    assert sampled.choices[0].text == plain.text
+    greedy = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0, seed=-5)
+    assert greedy.usage.completion_tokens == 4
+    streamed = served.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.0,
+                                                seed=-1, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == plain.text
+    for seed in (2**63, -2**63 - 1, 10**30):
+        response = httpx.post(served.url + "/v1/completions", json={"prompt": PROMPT, "seed": seed})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "seed"
+
+
+def _float_fields() -> set[str]:
+    """Every float field of the request models, as a dotted path."""
+    from genspec.serve.protocol import ChatCompletionRequest, CompletionRequest, SpeculativeOptions
+
+    out = set()
+    for prefix, model in (("", CompletionRequest), ("", ChatCompletionRequest), ("speculative.", SpeculativeOptions)):
+        out |= {prefix + name for name, info in model.model_fields.items() if "float" in str(info.annotation)}
+    return out
+
+
+NON_FINITE_FIELDS = ["temperature", "top_p", "repetition_penalty", "speculative.epsilon", "speculative.delta"]
+
+
+def test_the_non_finite_cases_cover_every_float_field():
+    assert set(NON_FINITE_FIELDS) == _float_fields()
+
+
+@pytest.mark.parametrize("field", NON_FINITE_FIELDS)
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e309"])
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_non_finite_numbers_are_refused_naming_the_field(served, field, number, route):
+    """JSON has no NaN or infinity, but Python's parser reads them (and 1e309 overflows to infinity):
+    each is a 400 naming the field, never a generation that fails afterwards."""
+    body = {"max_tokens": 4, "temperature": 0.8, "speculative": {"rule": "typical", "epsilon": 0.1, "delta": 0.5}}
+    body.update({"prompt": PROMPT} if route == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]})
+    *parents, name = field.split(".")
+    parent = body
+    for key in parents:
+        parent = parent[key]
+    parent[name] = "NUMBER"
+    content = json.dumps(body).replace('"NUMBER"', number)
+    response = httpx.post(served.url + route, content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b'{"prompt": "\xff\xfe caf\xe9"}', "not UTF-8"),
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "recursion limit"),
+    (b'{"prompt": "abc", "max_tokens": 3,, }', "not valid JSON"),
+    (b'{"prompt": "abc", "max_tokens": 3', "not valid JSON"),
+    (b"[1, 2]", "object"),
+], ids=["not-utf8", "nested-100k-deep", "double-comma", "truncated", "not-an-object"])
+def test_bodies_that_are_not_json_get_an_openai_error_without_a_param(served, content, fragment):
+    response = httpx.post(served.url + "/v1/completions", content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert fragment in error["message"] and error["type"] == "invalid_request_error" and error["param"] is None
+
+
+@pytest.mark.parametrize("body, param, fragment", [
+    ({"prompt": [5, 2.5]}, "prompt", "fractional part"),
+    ({"prompt": PROMPT, "stop": [1.5]}, "stop", "string"),
+    ({"prompt": PROMPT, "speculative": {"num_draft_tokens": "many"}}, "speculative.num_draft_tokens", "integer"),
+])
+def test_a_wrong_field_is_named_by_its_path(served, body, param, fragment):
+    """``prompt`` and ``stop`` take several types (pydantic reports an error per type, each at a location
+    ending in the type's name): the error names the field itself."""
+    response = httpx.post(served.url + "/v1/completions", content=json.dumps(body),
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == param and fragment in error["message"]
+
+
+def test_unknown_routes_and_methods_get_openai_errors(served):
+    missing = httpx.post(served.url + "/v1/nowhere", json={})
+    assert missing.status_code == 404
+    assert missing.json()["error"] == {"message": "Invalid URL (POST /v1/nowhere)", "type": "invalid_request_error",
+                                       "param": None, "code": None}
+    wrong = httpx.get(served.url + "/v1/completions")
+    assert wrong.status_code == 405 and "POST" in wrong.headers["allow"]
+    assert "GET /v1/completions" in wrong.json()["error"]["message"]
+
+
+def test_a_request_larger_than_the_server_is_a_400_not_a_429(served):
+    """The module's server holds 4 running + 8 waiting requests: 2 prompts x n 16 and 13 prompts can never
+    fit, however long they wait (a 429 says "retry later"); 12 at once do fit."""
+    too_many_samples = httpx.post(served.url + "/v1/completions",
+                                  json={"prompt": ["ab", "cd"], "n": 16, "max_tokens": 1})
+    error = too_many_samples.json()["error"]
+    assert too_many_samples.status_code == 400 and error["param"] == "n" and "at most 12" in error["message"]
+    too_many_prompts = httpx.post(served.url + "/v1/completions", json={"prompt": ["ab"] * 13, "max_tokens": 1})
+    assert too_many_prompts.status_code == 400 and too_many_prompts.json()["error"]["param"] == "prompt"
+    fits = httpx.post(served.url + "/v1/completions", timeout=60,
+                      json={"prompt": ["ab"] * 4, "n": 3, "max_tokens": 1, "temperature": 0})
+    assert fits.status_code == 200 and len(fits.json()["choices"]) == 12
+
+
+# ------------------------------------------------------------------------------ shutdown past the grace period
+def test_requests_still_running_when_the_grace_period_ends_get_an_error(tiny_model_dir):
+    """A stream has its first step held by the gate drafter and a plain request waits for a slot; the
+    drain's grace period (0 s) ends meanwhile. The stream sends its first text, then an OpenAI error event
+    (code shutting_down) and no [DONE]; the plain request gets 503 with that error. Neither sees a
+    finish reason "cancelled", which no OpenAI client knows."""
+    server = Served(tiny_model_dir, max_batch_size=1)
+    worker = server.app.state.server.worker
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            def stream_lines():
+                with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
+                        "prompt": PROMPT, "max_tokens": 50, "temperature": 0, "stream": True,
+                        "speculative": {"drafter": "gate"}}) as raw:
+                    return raw.status_code, [line for line in raw.iter_lines() if line]
+
+            streaming = pool.submit(stream_lines)
+            assert server.gate.entered.wait(timeout=60), "the stream never reached the drafter"
+            waiting = pool.submit(httpx.post, server.url + "/v1/completions", timeout=60,
+                                  json={"prompt": PROMPT, "max_tokens": 50, "temperature": 0})
+            deadline = time.time() + 30
+            while worker.num_waiting < 1:
+                assert time.time() < deadline and not waiting.done(), "the second request was not queued"
+                time.sleep(0.01)
+            worker.begin_drain(0.0)
+            server.gate.release.set()
+            status, lines = streaming.result()
+            plain = waiting.result()
+        assert status == 200 and lines[-1] != "data: [DONE]"
+        events = [json.loads(line[6:]) for line in lines]
+        assert len(events) >= 2 and events[0]["choices"][0]["finish_reason"] is None  # the stream had begun
+        assert events[-1]["error"]["code"] == "shutting_down" and events[-1]["error"]["type"] == "server_error"
+        assert all(c.get("finish_reason") != "cancelled" for e in events[:-1] for c in e["choices"])
+        assert plain.status_code == 503 and plain.json()["error"]["code"] == "shutting_down"
+    finally:
+        server.gate.release.set()
+        server.stop()

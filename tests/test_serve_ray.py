@@ -127,14 +127,14 @@ class _FakeEngines:
         return self.stream
 
 
-def _route(stream, path="/v1/completions", read=None):
+def _route(stream, path="/v1/completions", read=None, engines=None, **options):
     """Call the router over a fake engine deployment; returns (status, headers, body chunks read)."""
     pytest.importorskip("ray")
     from starlette.requests import Request
 
     from genspec.serve.ray_backend import router_class
 
-    router = router_class()(_FakeEngines(stream))
+    router = router_class()(engines or _FakeEngines(stream), **options)
     scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "headers": [], "root_path": ""}
 
     async def receive():
@@ -181,6 +181,13 @@ def test_the_router_turns_a_replica_failure_into_an_openai_error():
     assert chunks[-1].startswith(b"data: ") and json.loads(chunks[-1][6:])["error"]["code"] == "replica_failed"
 
 
+def test_the_router_refuses_a_body_over_the_limit_without_passing_it_on():
+    engines = _FakeEngines(_FakeStream([]))
+    status, _, chunks = _route(None, engines=engines, max_body_bytes=1)  # the body is b"{}"
+    assert status == 413 and json.loads(b"".join(chunks))["error"]["code"] == "request_too_large"
+    assert not hasattr(engines, "request")
+
+
 def test_a_client_leaving_the_router_cancels_the_request_on_its_replica():
     start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
     chunks = [{"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True}] * 5
@@ -202,7 +209,7 @@ def ray_service(tmp_path_factory):
     port = _free_port()
     settings = {"model": str(model), "drafter": "prompt-lookup", "draft_model": None, "dtype": "float32",
                 "extra_drafters": {}, "drafter_options": {}, "max_batch_size": 4, "max_queue": 8, "grace_s": 5.0,
-                "name": "tiny", "measure_costs": False}
+                "max_body_bytes": 1 << 20, "name": "tiny", "measure_costs": False}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -34,6 +34,8 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--max-batch-size", type=int, default=8, metavar="B", help="requests decoded together")
     serve.add_argument("--max-queue", type=int, default=64, metavar="Q",
                        help="requests that may wait for a batch slot; more get HTTP 429")
+    serve.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
+                       help="largest request body accepted, in bytes (default 2 MiB); larger ones get HTTP 413")
     serve.add_argument("--grace-period", type=float, default=30.0, metavar="S",
                        help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -67,10 +69,16 @@ def run_serve(args) -> int:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
     if args.max_batch_size < 1 or args.max_queue < 0 or args.grace_period < 0:
         raise ConfigError("--max-batch-size must be >= 1, --max-queue and --grace-period >= 0")
+    from genspec.serve.app import DEFAULT_MAX_BODY_BYTES
+
+    max_body_bytes = DEFAULT_MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
+    if max_body_bytes < 1:
+        raise ConfigError(f"--max-body-bytes must be >= 1, got {max_body_bytes}")
     settings = {"model": args.model, "drafter": args.drafter, "draft_model": args.draft_model, "dtype": args.dtype,
                 "extra_drafters": extra_drafters(args.extra_drafter),
                 "drafter_options": dict(parse_option(o) for o in args.drafter_option),
                 "max_batch_size": args.max_batch_size, "max_queue": args.max_queue, "grace_s": args.grace_period,
+                "max_body_bytes": max_body_bytes,
                 "name": args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m"),
                 "measure_costs": not args.no_cost_measurement}
     if args.backend == "ray":
@@ -82,7 +90,7 @@ def run_serve(args) -> int:
     with Console(stderr=True).status("loading the model") as status:
         engine = load_engine(settings, progress=lambda text: status.update(text))
     app = create_app(engine, settings["name"], max_queue=args.max_queue, grace_s=args.grace_period,
-                     engine_thread=False)
+                     engine_thread=False, max_body_bytes=max_body_bytes)
     run_server(app, args.host, args.port, args.grace_period)
     return 0
 

@@ -6,14 +6,29 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming as
 "draft_length", "enabled"}``; responses carry ``usage`` and ``metrics.speculative_decoding``. Stream
 chunks also carry ``genspec``: the new tokens' text and whether each came from an accepted draft.
 
-Stop strings follow OpenAI: the text ends before the stop string. For a model without a chat
-template, messages are rendered as plain text (:func:`plain_chat_prompt`).
+Stop strings follow OpenAI: the text ends before the stop string (the engine's
+:func:`~genspec.engine.visible_text`, as ``genspec generate`` prints it). For a model without a chat
+template, messages are rendered as plain text (:func:`plain_chat_prompt`). Seeds take OpenAI's range,
+any 64-bit signed integer (:mod:`genspec.serve.protocol` says how negative ones map).
+
+No request holds up the others: a request body larger than ``max_body_bytes`` is refused with 413
+before it is read (from its Content-Length) or as soon as the bytes received pass it
+(:func:`read_body`); parsing, tokenising, chat templates and decoding run in a thread pool, not on the
+event loop that serves every request; the engine runs in a thread of its own (:mod:`~genspec.serve.worker`).
+
+Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``, whatever failed: the
+body (not UTF-8, not JSON, nested too deep, too large), a field (``param`` names it), the route (404,
+405), a request larger than the batch and the queue together (400: it would never fit; a full queue
+is 429). At shutdown, requests still running when the grace period ends are stopped with an error,
+never a normal ending: 503 with ``code: "shutting_down"``, or on a stream that error as its last
+event, ``data: {"error": {...}}``, with no ``[DONE]`` after it (as any error ends a stream).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -23,23 +38,84 @@ from importlib import resources
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
-from genspec.engine import NO_DRAFTER, GenerationConfig, RequestStats, RequestStep, SpeculativeEngine
+from genspec.engine import NO_DRAFTER, GenerationConfig, RequestStats, RequestStep, SpeculativeEngine, visible_text
 from genspec.errors import GenspecError
 from genspec.serve.metrics import Metrics
 from genspec.serve.protocol import (
     APIError,
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     new_id,
     now,
     speculation_metrics,
     usage,
 )
-from genspec.serve.worker import EngineWorker, QueueFull, ShuttingDown
+from genspec.serve.worker import EngineWorker, NeverFits, QueueFull, ShuttingDown
+
+#: request bodies larger than this are refused (413) unless the server is told otherwise: 2 MiB holds a
+#: prompt of about 500,000 tokens as text or 300,000 as token ids, more than the contexts of the models
+#: served here, and bounds what parsing one body costs (0.07 s for 3.4 MB of token ids, protocol.py)
+DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 
 #: the text format for models without a chat template
 PLAIN_CHAT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request's body, refused with 413 when it is larger than ``max_bytes``: before any of it is
+    read if its Content-Length says so, else as soon as the bytes received pass it (a chunked body
+    announces no length)."""
+    try:
+        announced = int(request.headers.get("content-length", "0"))
+    except ValueError:
+        announced = 0
+    if announced > max_bytes:
+        raise _too_large(max_bytes)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(max_bytes: int) -> APIError:
+    return APIError(f"the request body is larger than this server accepts ({max_bytes} bytes)", status=413,
+                    code="request_too_large")
+
+
+def invalid_request(errors: list[dict]) -> APIError:
+    """The 400 of a request pydantic refused, about the field of its first error: ``param`` names it (none
+    for a body that is not JSON: no field is to blame). A field of several types (``prompt``, ``stop``)
+    has an error per type, each at the field's location followed by the type's name: the field is their
+    common part, and the message that of the type that got furthest."""
+    if not errors:
+        return APIError("invalid request")
+    if errors[0].get("type") == "json_invalid":
+        return APIError(f"the request body is not valid JSON: {errors[0]['msg'].removeprefix('Invalid JSON: ')}")
+    locs = [[part for part in error.get("loc", ()) if part != "body"] for error in errors]
+    field = [(loc, error) for loc, error in zip(locs, errors) if loc[:1] == locs[0][:1]]
+    where = ".".join(str(part) for part in os.path.commonprefix([loc for loc, _ in field]))
+    message = max(field, key=lambda pair: len(pair[0]))[1].get("msg", "invalid")
+    return APIError(f"{where}: {message}" if where else message, param=where or None)
+
+
+def parse_body(model: type[BaseModel], raw: bytes):
+    """A request of type ``model`` from its body (the JSON parser limits nesting depth)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(f"the request body is not UTF-8 text (byte {exc.start} is not)") from None
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise invalid_request(exc.errors()) from None
 
 
 def plain_chat_prompt(messages: list[tuple[str, str]]) -> tuple[str, list[str]]:
@@ -67,7 +143,7 @@ class _Server:
     """What the routes share: the engine's worker, the tokenizer, the metrics."""
 
     def __init__(self, engine: SpeculativeEngine, model_name: str, max_queue: int, grace_s: float,
-                 chat_max_tokens: int):
+                 chat_max_tokens: int, max_body_bytes: int):
         if engine.tokenizer is None:
             raise GenspecError("genspec serve needs a model with a tokenizer")
         self.engine = engine
@@ -75,6 +151,7 @@ class _Server:
         self.model_name = model_name
         self.grace_s = grace_s
         self.chat_max_tokens = chat_max_tokens
+        self.max_body_bytes = max_body_bytes
         self.metrics = Metrics()
         self.worker = EngineWorker(engine, max_queue, on_record=self._on_record)
 
@@ -82,6 +159,14 @@ class _Server:
         self.metrics.observe_step(record, worker.num_waiting, worker.num_running)
 
     # ------------------------------------------------------------------ requests -> engine
+    async def parse(self, request: Request, model: type[BaseModel]):
+        """The request's body as a ``model``: read within the size limit, parsed in the thread pool."""
+        try:
+            return await run_in_threadpool(parse_body, model, await read_body(request, self.max_body_bytes))
+        except APIError:
+            self.metrics.failure.labels(reason="invalid").inc()
+            raise
+
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
             raise APIError(f"The model `{name}` does not exist; this server serves `{self.model_name}`",
@@ -92,6 +177,31 @@ class _Server:
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def prompt_ids(self, prompt: str | list[int] | list[list[int]] | list[str]) -> list[list[int]]:
+        """A completion request's prompts as token ids (CPU work: call it in the thread pool)."""
+        if isinstance(prompt, str):
+            prompts = [self.encode(prompt)]
+        elif all(isinstance(p, str) for p in prompt):
+            prompts = [self.encode(p) for p in prompt]
+        elif all(isinstance(p, int) for p in prompt):
+            prompts = [list(prompt)]
+        else:
+            prompts = [list(p) for p in prompt]
+        if any(not p for p in prompts):
+            raise APIError("prompt is empty", param="prompt")
+        return prompts
+
+    def chat_prompt(self, messages: list[ChatMessage]) -> tuple[list[int], tuple[str, ...]]:
+        """A chat's prompt as token ids, and the stop strings its rendering adds (CPU work: call it in
+        the thread pool)."""
+        turns = [(m.role, m.text()) for m in messages]
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template([{"role": r, "content": t} for r, t in turns],
+                                                      tokenize=False, add_generation_prompt=True)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), ()
+        text, stops = plain_chat_prompt(turns)
+        return self.encode(text), tuple(stops)
 
     def config(self, body, prompt_tokens: int, max_tokens: int | None, extra_stops: list[str] = ()) -> GenerationConfig:
         context = self.engine.target.max_context
@@ -140,6 +250,9 @@ class _Server:
 
         try:
             future = self.worker.submit(prompts, configs, sample_indices, listener)
+        except NeverFits as exc:
+            self.metrics.failure.labels(reason="invalid").inc()
+            raise APIError(str(exc), param="n" if any(sample_indices) else "prompt") from exc
         except QueueFull as exc:
             self.metrics.failure.labels(reason="queue_full").inc()
             raise APIError(str(exc), status=429, kind="rate_limit_error", code="queue_full") from exc
@@ -171,17 +284,8 @@ class _Server:
 
     # ------------------------------------------------------------------ steps -> text
     def visible(self, choice: _Choice, stops: tuple[str, ...]) -> str:
-        """The choice's text so far as a client may see it: cut before a stop string; while running,
-        without a trailing incomplete character or a trailing piece that may begin a stop string."""
-        text = self.decode(choice.tokens)
-        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-        if cut >= 0:
-            return text[:cut]
-        if choice.finish_reason is None:
-            text = text.rstrip("\ufffd")
-            hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-            text = text[:len(text) - hold]
-        return text
+        """The choice's text so far as a client may see it (CPU work: call it in the thread pool)."""
+        return visible_text(self.decode(choice.tokens), stops, choice.finish_reason is not None)
 
     def pieces(self, before: list[int], new: list[int], accepted: int) -> list[list]:
         """``[text, drafted]`` per new token (the playground colours accepted draft tokens)."""
@@ -211,6 +315,20 @@ class _Server:
                     self.metrics.time_per_output_token.observe((end - choice.first_token_at) / (len(choice.tokens) - 1))
             elif step.finish_reason == "error":
                 self.metrics.failure.labels(reason="error").inc()
+            elif step.finish_reason == "cancelled":  # a drain's grace period ran out
+                self.metrics.failure.labels(reason="cancelled").inc()
+
+
+def _ended_early(choice: _Choice) -> APIError | None:
+    """The error a choice that did not finish normally ends its response with: its own failure, or the
+    server's shutdown (a request still running when a drain's grace period ran out is cancelled: no
+    OpenAI client knows a finish reason "cancelled")."""
+    if choice.finish_reason == "error":
+        return APIError(f"generation failed: {choice.error}", status=500, kind="server_error")
+    if choice.finish_reason == "cancelled":
+        return APIError("the server shut down before this request finished (its grace period for requests in "
+                        "flight ran out); send it again", status=503, kind="server_error", code="shutting_down")
+    return None
 
 
 def _openai_reason(reason: str | None) -> str | None:
@@ -239,13 +357,15 @@ def load_engine(settings: dict, progress: Callable[[str], None] | None = None) -
 
 
 def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, grace_s: float = 30.0,
-               chat_max_tokens: int = 1024, engine_thread: bool = True) -> FastAPI:
+               chat_max_tokens: int = 1024, engine_thread: bool = True,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The server's FastAPI app over ``engine``. ``engine_thread``: the app steps the engine in a thread
     it starts (to embed the app in your own ASGI server); False: the caller steps it, as
     :func:`run_server` does in the thread that loaded the model (faster: see there). Measure the
     engine's verify costs first (:func:`genspec.calibration.measure_verify_costs`) to start from this
-    machine's costs of batched blocks rather than learn them from traffic."""
-    server = _Server(engine, model_name, max_queue, grace_s, chat_max_tokens)
+    machine's costs of batched blocks rather than learn them from traffic. ``max_body_bytes``: larger
+    request bodies get 413."""
+    server = _Server(engine, model_name, max_queue, grace_s, chat_max_tokens, max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -271,13 +391,15 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         server.metrics.failure.labels(reason="invalid").inc()
-        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message = "the request body is not valid JSON"
-        return JSONResponse(APIError(f"{where}: {message}" if where else message, param=where or None).body(),
-                            status_code=400)
+        return JSONResponse(invalid_request(list(exc.errors())).body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # routing's own: 404, 405
+        route = f"{request.method} {request.url.path}"
+        message = {404: f"Invalid URL ({route})", 405: f"Method not allowed ({route})"}.get(exc.status_code,
+                                                                                         f"{exc.detail} ({route})")
+        return JSONResponse(APIError(message, status=exc.status_code).body(), status_code=exc.status_code,
+                            headers=exc.headers)
 
     @app.get("/health")
     async def health():
@@ -300,35 +422,21 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
     async def playground():
         return resources.files("genspec.serve").joinpath("static/index.html").read_text(encoding="utf-8")
 
+    # The request bodies are parsed by server.parse, not by FastAPI, which would parse them on the event
+    # loop, read them whole whatever their size, and answer some faults in its own shape.
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(request: Request):
+        body = await server.parse(request, CompletionRequest)
         server.check_model(body.model)
-        prompt = body.prompt
-        if isinstance(prompt, str):
-            prompts = [server.encode(prompt)]
-        elif all(isinstance(p, str) for p in prompt):
-            prompts = [server.encode(p) for p in prompt]
-        elif all(isinstance(p, int) for p in prompt):
-            prompts = [list(prompt)]
-        else:
-            prompts = [list(p) for p in prompt]
-        if any(not p for p in prompts):
-            raise APIError("prompt is empty", param="prompt")
+        prompts = await run_in_threadpool(server.prompt_ids, body.prompt)
         return await respond(body, prompts, body.max_tokens if body.max_tokens is not None else 16, (), request,
                              chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def chat_completions(request: Request):
+        body = await server.parse(request, ChatCompletionRequest)
         server.check_model(body.model)
-        messages = [(m.role, m.text()) for m in body.messages]
-        extra_stops: tuple[str, ...] = ()
-        if getattr(server.tokenizer, "chat_template", None):
-            text = server.tokenizer.apply_chat_template([{"role": r, "content": t} for r, t in messages],
-                                                        tokenize=False, add_generation_prompt=True)
-            ids = list(server.tokenizer(text, add_special_tokens=False)["input_ids"])
-        else:
-            text, stops = plain_chat_prompt(messages)
-            ids, extra_stops = server.encode(text), tuple(stops)
+        ids, extra_stops = await run_in_threadpool(server.chat_prompt, body.messages)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await respond(body, [ids], max_tokens, extra_stops, request, chat=True)
 
@@ -351,12 +459,12 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
         if not body.stream:
             async for index, step in steps:
                 server.apply(choices[index], step, started)
-            failed = [c for c in choices if c.finish_reason == "error"]
-            if failed:
-                raise APIError(f"generation failed: {failed[0].error}", status=500, kind="server_error")
-            result = []
             for c in choices:
-                text = server.visible(c, stops)
+                if (error := _ended_early(c)) is not None:
+                    raise error
+            texts = await run_in_threadpool(lambda: [server.visible(c, stops) for c in choices])
+            result = []
+            for c, text in zip(choices, texts):
                 entry = {"index": c.index, "finish_reason": _openai_reason(c.finish_reason)}
                 entry.update({"message": {"role": "assistant", "content": text}} if chat else
                              {"text": text, "logprobs": None})
@@ -385,11 +493,11 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
                     choice = choices[index]
                     before = list(choice.tokens)
                     server.apply(choice, step, started)
-                    if choice.finish_reason == "error":
-                        yield _sse(APIError(f"generation failed: {choice.error}", status=500,
-                                            kind="server_error").body())
+                    if (error := _ended_early(choice)) is not None:
+                        yield _sse(error.body())
                         return
-                    text = server.visible(choice, stops)
+                    text, pieces = await run_in_threadpool(
+                        lambda: (server.visible(choice, stops), server.pieces(before, step.new_tokens, step.accepted)))
                     delta, choice.sent = text[len(choice.sent):], text
                     reason = _openai_reason(choice.finish_reason)
                     body_choice = {"index": index, "finish_reason": reason}
@@ -397,7 +505,7 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
                                        {"text": delta, "logprobs": None})
                     yield _sse({"id": ident, "object": chunk_kind, "created": created, "model": model_name,
                                 "choices": [body_choice],
-                                "genspec": {"tokens": server.pieces(before, step.new_tokens, step.accepted),
+                                "genspec": {"tokens": pieces,
                                             "drafted": step.drafted, "accepted": step.accepted}})
                 if include_usage:
                     yield _sse({"id": ident, "object": chunk_kind, "created": created, "model": model_name,

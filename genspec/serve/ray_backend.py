@@ -113,7 +113,8 @@ def engine_class():
                 torch.set_num_threads(self.settings["threads"])
                 engine = load_engine(self.settings)
                 self.app = create_app(engine, self.settings["name"], max_queue=self.settings["max_queue"],
-                                      grace_s=self.settings["grace_s"], engine_thread=False)
+                                      grace_s=self.settings["grace_s"], engine_thread=False,
+                                      max_body_bytes=self.settings["max_body_bytes"])
             except BaseException as exc:  # noqa: BLE001 - raised again by __init__, in the actor
                 failure.append(exc)
                 return
@@ -145,6 +146,7 @@ def router_class():
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
 
+    from genspec.serve.app import DEFAULT_MAX_BODY_BYTES, read_body
     from genspec.serve.metrics import merge_expositions
     from genspec.serve.protocol import APIError
 
@@ -156,15 +158,20 @@ def router_class():
                         code="replica_failed").body()
 
     class GenspecRouter:
-        def __init__(self, engines):
+        def __init__(self, engines, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
             self.engines = engines
+            self.max_body_bytes = max_body_bytes
 
         async def __call__(self, request: Request) -> Response:
             if request.method == "GET" and request.url.path == "/metrics":
                 bodies = await self.engines.broadcast("replica_metrics").results_async()
                 return Response(merge_expositions(bodies), media_type="text/plain; version=0.0.4; charset=utf-8")
+            try:
+                body = await read_body(request, self.max_body_bytes)  # the replica's app would refuse it too, later
+            except APIError as exc:
+                return JSONResponse(exc.body(), status_code=exc.status)
             exchange = {"method": request.method, "path": request.url.path, "query_string": request.url.query.encode(),
-                        "headers": request.headers.raw, "body": await request.body()}
+                        "headers": request.headers.raw, "body": body}
             stream = self.engines.options(stream=True).http.remote(exchange)
             try:
                 start = await anext(stream)
@@ -214,7 +221,7 @@ def deployment(settings: dict, replicas: int | None, min_replicas: int = 1, max_
     router = serve.deployment(router_class(), name=DEPLOYMENT, ray_actor_options={"num_cpus": 0},
                               max_ongoing_requests=most * per_replica,
                               graceful_shutdown_timeout_s=settings["grace_s"] + 5)
-    return router.bind(engines)
+    return router.bind(engines, settings["max_body_bytes"])
 
 
 def app_builder(args: dict):
@@ -222,10 +229,12 @@ def app_builder(args: dict):
     (``serve run``, ``serve deploy``, KubeRay's ``serveConfigV2``; see ``deploy/rayservice.yaml``). ``args``
     (strings, as config files give them): model, drafter, replicas (a number or auto), min_replicas,
     max_replicas, max_batch_size, max_queue, grace_period, served_model_name, cores (CPUs per worker
-    machine, for threads per replica), measure_costs (true / false)."""
+    machine, for threads per replica), measure_costs (true / false), max_body_bytes."""
+    from genspec.serve.app import DEFAULT_MAX_BODY_BYTES
+
     args = {key: str(value) for key, value in (args or {}).items()}
     known = {"model", "drafter", "replicas", "min_replicas", "max_replicas", "max_batch_size", "max_queue",
-             "grace_period", "served_model_name", "cores", "measure_costs"}
+             "grace_period", "served_model_name", "cores", "measure_costs", "max_body_bytes"}
     unknown = sorted(set(args) - known)
     if unknown:
         raise ConfigError(f"unknown genspec application args {unknown}; known: {sorted(known)}")
@@ -234,6 +243,7 @@ def app_builder(args: dict):
                 "dtype": "float32", "extra_drafters": {}, "drafter_options": {},
                 "max_batch_size": int(args.get("max_batch_size", "8")), "max_queue": int(args.get("max_queue", "64")),
                 "grace_s": float(args.get("grace_period", "30")),
+                "max_body_bytes": int(args.get("max_body_bytes", str(DEFAULT_MAX_BODY_BYTES))),
                 "name": args.get("served_model_name", "gemma-3-270m"),
                 "measure_costs": args.get("measure_costs", "true").lower() == "true"}
     return deployment(settings, replicas, int(args.get("min_replicas", "1")), int(args.get("max_replicas", "2")),

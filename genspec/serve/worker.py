@@ -8,7 +8,8 @@ steps the engine in the main thread, the one that loaded the model, and runs HTT
 (:func:`genspec.serve.app.run_server` says why); an app embedded in someone else's server steps it
 in a thread the app starts (:meth:`EngineWorker.start`). Requests join the running batch at the
 next step boundary (continuous batching). The queue of requests waiting for a batch slot is bounded:
-a submission that would overflow it is refused at once (429), never silently delayed.
+a submission that would overflow it is refused at once (429), never silently delayed; one larger than
+the batch and the queue together is refused as such (400: it would never fit).
 """
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     """The server no longer takes requests."""
+
+
+class NeverFits(Exception):
+    """The submission has more requests than the batch and the queue hold together: it would be
+    refused however long it waited."""
 
 
 @dataclass
@@ -83,6 +89,11 @@ class EngineWorker:
         return self._thread.is_alive()
 
     @property
+    def capacity(self) -> int:
+        """Requests the engine's batch and the waiting queue hold together: more are never taken at once."""
+        return self.max_queue + (self.engine.max_batch_size or 0)
+
+    @property
     def accepting(self) -> bool:
         return self._accepting
 
@@ -93,6 +104,10 @@ class EngineWorker:
         with self._lock:
             if not self._accepting:
                 raise ShuttingDown("the server is shutting down")
+            if len(prompts) > self.capacity:
+                raise NeverFits(f"this request asks for {len(prompts)} sequences at once (prompts x n), and the "
+                                f"server holds at most {self.capacity} (running and waiting): send fewer prompts "
+                                f"or a smaller n")
             if self.num_waiting + len(prompts) > self.max_queue + max(0, self._free_slots()):
                 raise QueueFull(f"the server's queue is full ({self.max_queue} requests waiting); retry later")
             future: Future = Future()
