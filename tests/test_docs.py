@@ -80,13 +80,16 @@ def test_no_package_file_cites_benchmark_results():
 
 
 def test_readme_is_a_short_front_door_with_the_two_commands():
-    """The README's first two bash blocks are the contract CI (.ci/run) and a fresh clone run: set up and demo,
-    then set up with every extra (the manual's tools included, so CI builds it) and test. Its relative links
-    resolve, and it stays short: the manual holds the rest."""
+    """The README's first two bash blocks are the contract CI (.ci/run) and a fresh clone run: set up (llama.cpp
+    built without its AMX kernels) and demo, then set up with every extra (the manual's tools and llama.cpp
+    included, so CI builds the manual and tests the llamacpp backend) and test. Its relative links resolve, and
+    it stays short: the manual holds the rest."""
     text = README.read_text(encoding="utf-8")
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
-    assert blocks[0] == 'pip install torch==2.13.0 -e ".[serve,test]" && genspec demo\n'
-    assert blocks[1] == 'pip install torch==2.13.0 -e ".[serve,test,ray,docs]" && pytest -q\n'
+    flags = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    build = f"""CMAKE_ARGS="-DCMAKE_C_FLAGS='{flags}' -DCMAKE_CXX_FLAGS='{flags}'" """
+    assert blocks[0] == build + 'pip install torch==2.13.0 -e ".[serve,test,llamacpp]" && genspec demo\n'
+    assert blocks[1] == build + 'pip install torch==2.13.0 -e ".[serve,test,ray,docs,llamacpp]" && pytest -q\n'
     assert len(text.splitlines()) <= 200
     links = [target for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text) if "://" not in target]
     assert links and [target for target in links if not (REPO / target).exists()] == []

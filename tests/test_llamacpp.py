@@ -258,7 +258,7 @@ def test_bench_on_a_gguf_file_runs_the_llamacpp_baselines(tiny_gguf, tmp_path):
     out = tmp_path / "out"
     assert main(["bench", "--model", str(path), "--methods", "prompt-lookup,llamacpp-lookup:num_pred_tokens=4",
                  "--categories", "coding", "--num-prompts", "1", "--max-new-tokens", "12", "--repeats", "1",
-                 "--out", str(out)]) == 0
+                 "--raw", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["settings"]["backend"] == "llamacpp"
     main_runs = {r["method"]: r for r in results["runs"] if r["phase"] == "main"}

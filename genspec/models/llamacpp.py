@@ -83,8 +83,12 @@ class LlamaCppLM(CausalLM):
             raise InputFileError(f"no GGUF model at {path}")
         self._llama = llama_cpp
         model_params = llama_cpp.llama_model_default_params()
-        model_params.use_extra_bufts = os.environ.get("GENSPEC_XB", "1") == "1"
         model_params.n_gpu_layers = 0 if str(device) == "cpu" else -1
+        if b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
+            # llama.cpp's AMX kernels crashed on this project's Xeon VM (segfault in ggml_backend_amx_mul_mat at
+            # the first decode of the embedded model, llama-cpp-python 0.3.36 built with -march=native): a build
+            # that has them keeps the weights out of the AMX buffers. The README's set-up builds without them.
+            model_params.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not self._model:
             raise InputFileError(f"llama.cpp cannot load {path} (not a GGUF model it knows)")
