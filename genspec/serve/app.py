@@ -36,6 +36,7 @@ from genspec.serve.protocol import (
     speculation_metrics,
     usage,
 )
+from genspec.serve.security import Gatekeeper, ServeSecurity, uvicorn_options
 from genspec.serve.worker import EngineWorker, QueueFull, ShuttingDown
 
 #: the text format for models without a chat template
@@ -239,13 +240,16 @@ def load_engine(settings: dict, progress: Callable[[str], None] | None = None) -
 
 
 def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, grace_s: float = 30.0,
-               chat_max_tokens: int = 1024, engine_thread: bool = True) -> FastAPI:
+               chat_max_tokens: int = 1024, engine_thread: bool = True, security: ServeSecurity | None = None) -> FastAPI:
     """The server's FastAPI app over ``engine``. ``engine_thread``: the app steps the engine in a thread
     it starts (to embed the app in your own ASGI server); False: the caller steps it, as
     :func:`run_server` does in the thread that loaded the model (faster: see there). Measure the
     engine's verify costs first (:func:`genspec.calibration.measure_verify_costs`) to start from this
-    machine's costs of batched blocks rather than learn them from traffic."""
-    server = _Server(engine, model_name, max_queue, grace_s, chat_max_tokens)
+    machine's costs of batched blocks rather than learn them from traffic. ``security``: API keys, limits,
+    CORS (:class:`~genspec.serve.security.ServeSecurity`; default: no keys, the default limits)."""
+    security = security or ServeSecurity()
+    server = _Server(engine, model_name, max_queue, grace_s, min(chat_max_tokens, security.max_tokens or chat_max_tokens))
+    gate = Gatekeeper(security, on_refusal=lambda reason: server.metrics.failure.labels(reason=reason).inc())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -257,6 +261,7 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
 
     app = FastAPI(title="genspec", lifespan=lifespan)
     app.state.server = server
+    gate.install(app)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
@@ -346,7 +351,8 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
         created, started = now(), time.perf_counter()
         ident = new_id("chatcmpl" if chat else "cmpl")
         kind = "chat.completion" if chat else "text_completion"
-        steps = server.run(samples, configs, indices, request, stream_steps=body.stream)
+        admission = gate.admit(request, body, samples, configs)  # 400 past a limit, 429 past the key's rate
+        steps = admission.hold(server.run(samples, configs, indices, request, stream_steps=body.stream))
 
         if not body.stream:
             async for index, step in steps:
@@ -437,7 +443,8 @@ def run_server(app: FastAPI, host: str, port: int, grace_s: float, log_level: st
     import uvicorn
 
     http = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                         timeout_graceful_shutdown=max(1, int(grace_s) + 5)))
+                                         timeout_graceful_shutdown=max(1, int(grace_s) + 5),
+                                         **uvicorn_options(app.state.gatekeeper.settings)))
     worker = app.state.server.worker
 
     def on_signal(signum, frame):  # only sets flags: it runs inside the engine loop, in this thread
