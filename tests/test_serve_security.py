@@ -386,3 +386,19 @@ def test_the_cli_serves_with_a_key_and_bounds_slow_clients(tiny_model_dir):
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+def test_past_max_connections_uvicorn_answers_503(tiny_model_dir):
+    server = Served(tiny_model_dir, ServeSecurity(max_connections=2))
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+    try:
+        time.sleep(0.2)  # the server has accepted them
+        assert httpx.get(server.url + "/health").status_code == 503
+        for connection in idle:
+            connection.close()
+        deadline = time.time() + 10
+        while httpx.get(server.url + "/health").status_code != 200:
+            assert time.time() < deadline, "the closed connections still count"
+            time.sleep(0.1)
+    finally:
+        server.stop()
