@@ -69,12 +69,15 @@ def add_security_arguments(serve) -> None:
     access.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN[,ORIGIN...]",
                         help="origins a browser may call the API from (CORS; '*': any). Default: none")
     limits = serve.add_argument_group("limits", "past each, a request gets a 4xx OpenAI error (0: no limit)")
-    limits.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens, metavar="N")
+    limits.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens, metavar="N",
+                        help=f"tokens of a prompt (default {d.max_prompt_tokens})")
     limits.add_argument("--max-tokens", type=int, default=d.max_tokens, metavar="N",
                         help=f"tokens a request may generate (default {d.max_tokens})")
     limits.add_argument("--max-n", type=int, default=d.max_n, metavar="N", help=f"samples per prompt (default {d.max_n})")
-    limits.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings, metavar="N")
-    limits.add_argument("--max-stop-length", type=int, default=d.max_stop_length, metavar="CHARS")
+    limits.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings, metavar="N",
+                        help=f"stop strings of a request (default {d.max_stop_strings})")
+    limits.add_argument("--max-stop-length", type=int, default=d.max_stop_length, metavar="CHARS",
+                        help=f"characters of a stop string (default {d.max_stop_length})")
     limits.add_argument("--max-streams-per-key", type=int, default=d.max_streams_per_key, metavar="N",
                         help=f"streams open at once per API key (client address without keys; default "
                              f"{d.max_streams_per_key}); more get 429")
