@@ -33,6 +33,7 @@ import hmac
 import ipaddress
 import math
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
@@ -155,13 +156,12 @@ class Admission:
 class Gatekeeper:
     """Enforces a :class:`ServeSecurity` on an app: :meth:`install` adds the key check (and CORS), the
     routes call :meth:`admit` for each generation request. ``on_refusal(reason)`` counts refusals
-    (reasons: unauthorized, limit, rate_limited). State lives in the event loop's thread."""
+    (reasons: unauthorized, limit, rate_limited)."""
 
-    def __init__(self, settings: ServeSecurity, on_refusal: Callable[[str], None] = lambda reason: None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, settings: ServeSecurity, on_refusal: Callable[[str], None] = lambda reason: None):
         self.settings = settings
         self.on_refusal = on_refusal
-        self.clock = clock
+        self._lock = threading.Lock()  # admissions and releases may come from the loop and from worker threads
         self._buckets: dict[str, tuple[TokenBucket, TokenBucket]] = {}
         self._streams: dict[str, int] = {}
 
@@ -231,21 +231,23 @@ class Gatekeeper:
             self.on_refusal("limit")
             raise APIError(problem[0], param=problem[1], code="limit_exceeded")
 
-        if body.stream and s.max_streams_per_key and self._streams.get(who, 0) >= s.max_streams_per_key:
-            self.on_refusal("rate_limited")
-            raise RateLimited(f"too many streams at once: at most {s.max_streams_per_key} per API key", 1.0,
-                              code="too_many_streams")
-        self._take(who, cost)
-        if not body.stream:
-            return Admission()
-        self._streams[who] = self._streams.get(who, 0) + 1
+        with self._lock:
+            if body.stream and s.max_streams_per_key and self._streams.get(who, 0) >= s.max_streams_per_key:
+                self.on_refusal("rate_limited")
+                raise RateLimited(f"too many streams at once: at most {s.max_streams_per_key} per API key", 1.0,
+                                  code="too_many_streams")
+            self._take(who, cost)
+            if not body.stream:
+                return Admission()
+            self._streams[who] = self._streams.get(who, 0) + 1
 
         def release():
-            left = self._streams[who] - 1
-            if left:
-                self._streams[who] = left
-            else:
-                del self._streams[who]
+            with self._lock:
+                left = self._streams[who] - 1
+                if left:
+                    self._streams[who] = left
+                else:
+                    del self._streams[who]
 
         return Admission(release)
 
@@ -253,10 +255,11 @@ class Gatekeeper:
         return self._streams.get(identity, 0)
 
     def _take(self, who: str, tokens: int) -> None:
+        """Takes a request and ``tokens`` from ``who``'s buckets, or raises 429 (under the lock)."""
         s = self.settings
         if not (s.requests_per_minute or s.tokens_per_minute):
             return
-        now = self.clock()
+        now = time.monotonic()
         if len(self._buckets) > 4096:  # forget identities whose buckets refilled (unused for a minute)
             self._buckets = {k: v for k, v in self._buckets.items() if now - v[0].updated < 60}
         buckets = self._buckets.get(who)
