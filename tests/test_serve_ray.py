@@ -193,17 +193,18 @@ def test_the_router_turns_a_replica_failure_into_an_openai_error():
     assert chunks[-1].startswith(b"data: ") and json.loads(chunks[-1][6:])["error"]["code"] == "replica_failed"
 
 
-def test_the_router_asks_for_the_key_on_the_metrics_it_answers_itself():
-    """The router answers /metrics (every replica's, summed); with keys it needs one, as the replicas'
-    own routes do. The replicas get the same settings (the ray_service test shows them refusing)."""
+def test_the_router_asks_for_the_key_before_passing_a_request_on():
+    """The router answers /metrics (every replica's, summed) and passes /v1/* on: with keys, both need
+    one, and a request without it never reaches a replica. The replicas get the same settings (the
+    ray_service test shows the service refusing)."""
     pytest.importorskip("ray")
     from starlette.requests import Request
 
     from genspec.serve.ray_backend import router_class
 
-    def scrape(security, headers):
+    def scrape(security, headers, path="/metrics"):
         router = router_class()(_FakeEngines(_FakeStream([])), security)
-        scope = {"type": "http", "method": "GET", "path": "/metrics", "query_string": b"", "root_path": "",
+        scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "root_path": "",
                  "headers": headers, "client": ("127.0.0.1", 5000)}
 
         async def receive():
@@ -220,6 +221,8 @@ def test_the_router_asks_for_the_key_on_the_metrics_it_answers_itself():
     assert status == 200 and b"genspec:x_total 2.0" in body
     assert scrape(ServeSecurity.with_keys([KEY], metrics_public=True), [])[0] == 200
     assert scrape(None, [])[0] == 200
+    status, body = scrape(keyed, [], path="/v1/models")  # the fake replica would fail the test if asked
+    assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
 
 
 def test_the_cli_passes_the_key_and_limits_to_the_ray_deployment(monkeypatch):

@@ -158,24 +158,24 @@ def router_class():
                         code="replica_failed").body()
 
     class GenspecRouter:
-        """``security``: the engine replicas' :class:`~genspec.serve.security.ServeSecurity`; the router checks
-        the key of the one route it answers itself, ``/metrics`` (the replicas check the others)."""
+        """``security``: the engine replicas' :class:`~genspec.serve.security.ServeSecurity`. The router checks
+        the key before it reads a body or bothers a replica (and answers ``/metrics`` itself); the replicas
+        check it too, and the limits."""
 
         def __init__(self, engines, security: ServeSecurity | None = None):
             self.engines = engines
             self.gatekeeper = Gatekeeper(security or ServeSecurity())
 
         async def __call__(self, request: Request) -> Response:
+            client = (request.client.host, request.client.port) if request.client else None
+            who = self.gatekeeper.identify(request.headers.raw, client)
+            if isinstance(who, APIError) and self.gatekeeper.protects(request.url.path):
+                return JSONResponse(who.body(), status_code=who.status, headers={"WWW-Authenticate": "Bearer"})
             if request.method == "GET" and request.url.path == "/metrics":
-                client = (request.client.host, request.client.port) if request.client else None
-                who = self.gatekeeper.identify(request.headers.raw, client)
-                if isinstance(who, APIError) and self.gatekeeper.protects("/metrics"):
-                    return JSONResponse(who.body(), status_code=who.status, headers={"WWW-Authenticate": "Bearer"})
                 bodies = await self.engines.broadcast("replica_metrics").results_async()
                 return Response(merge_expositions(bodies), media_type="text/plain; version=0.0.4; charset=utf-8")
             exchange = {"method": request.method, "path": request.url.path, "query_string": request.url.query.encode(),
-                        "headers": request.headers.raw, "body": await request.body(),
-                        "client": (request.client.host, request.client.port) if request.client else None}
+                        "headers": request.headers.raw, "body": await request.body(), "client": client}
             stream = self.engines.options(stream=True).http.remote(exchange)
             try:
                 start = await anext(stream)
