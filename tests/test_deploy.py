@@ -39,7 +39,16 @@ def test_the_schema_check_catches_a_broken_manifest():
         _validator().validate(broken)
 
 
-def test_serve_config_names_the_application_builder_with_known_args():
+def test_every_pod_gets_the_api_key_from_a_secret():
+    cluster = _manifest()["spec"]["rayClusterConfig"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        (container,) = group["template"]["spec"]["containers"]
+        (env,) = [e for e in container["env"] if e["name"] == "GENSPEC_API_KEY"]
+        assert env["valueFrom"]["secretKeyRef"]["name"] == "genspec-api-key"
+
+
+def test_serve_config_names_the_application_builder_with_known_args(monkeypatch):
+    monkeypatch.setenv("GENSPEC_API_KEY", "sk-from-the-secret")
     config = yaml.safe_load(_manifest()["spec"]["serveConfigV2"])
     (application,) = config["applications"]
     module, name = application["import_path"].split(":")
@@ -51,3 +60,8 @@ def test_serve_config_names_the_application_builder_with_known_args():
     assert isinstance(app, Application)
     with pytest.raises(ConfigError, match="unknown genspec application args"):
         builder({**application["args"], "modle": "/x"})
+    # the builder takes the key from the environment; without one it refuses, unless told to serve anyone
+    monkeypatch.delenv("GENSPEC_API_KEY")
+    with pytest.raises(ConfigError, match="needs an API key in \\$GENSPEC_API_KEY"):
+        builder(application["args"])
+    assert isinstance(builder({**application["args"], "insecure_no_api_key": "true", "max_n": "2"}), Application)

@@ -13,7 +13,12 @@ import pytest
 
 from genspec.cli import main
 from genspec.serve.ray_backend import ENGINE_DEPLOYMENT, REPLICA_HEADER, threads_per_replica
+from genspec.serve.security import ServeSecurity, hash_key
 from tiny_models import save_tiny_model
+
+#: the ray_service's API key
+KEY = "sk-ray-test"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _free_port() -> int:
@@ -116,8 +121,15 @@ class _FakeStream:
 
 
 class _FakeEngines:
-    def __init__(self, stream):
-        self.stream, self.http = stream, self
+    def __init__(self, stream, metrics=b"# TYPE genspec:x counter\ngenspec:x_total 1.0\n"):
+        self.stream, self.http, self.metrics = stream, self, metrics
+
+    def broadcast(self, method):
+        assert method == "replica_metrics"
+        return self
+
+    async def results_async(self):
+        return [self.metrics, self.metrics]
 
     def options(self, stream):
         return self
@@ -188,6 +200,51 @@ def test_the_router_refuses_a_body_over_the_limit_without_passing_it_on():
     assert not hasattr(engines, "request")
 
 
+def test_the_router_asks_for_the_key_before_passing_a_request_on():
+    """The router answers /metrics (every replica's, summed) and passes /v1/* on: with keys, both need
+    one, and a request without it never reaches a replica. The replicas get the same settings (the
+    ray_service test shows the service refusing)."""
+    pytest.importorskip("ray")
+    from starlette.requests import Request
+
+    from genspec.serve.ray_backend import router_class
+
+    def scrape(security, headers, path="/metrics"):
+        router = router_class()(_FakeEngines(_FakeStream([])), security=security)
+        scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "root_path": "",
+                 "headers": headers, "client": ("127.0.0.1", 5000)}
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        response = _run(router(Request(scope, receive)))
+        return response.status_code, response.body
+
+    keyed = ServeSecurity.with_keys([KEY])
+    for headers in ([], [(b"authorization", b"Bearer wrong")]):
+        status, body = scrape(keyed, headers)
+        assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+    status, body = scrape(keyed, [(b"authorization", f"Bearer {KEY}".encode())])
+    assert status == 200 and b"genspec:x_total 2.0" in body
+    assert scrape(ServeSecurity.with_keys([KEY], metrics_public=True), [])[0] == 200
+    assert scrape(None, [])[0] == 200
+    status, body = scrape(keyed, [], path="/v1/models")  # the fake replica would fail the test if asked
+    assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+
+
+def test_the_cli_passes_the_key_and_limits_to_the_ray_deployment(monkeypatch):
+    """`genspec serve --backend ray --api-key K --max-n 2`: the settings every replica is built with (and the
+    router) carry the key's digest and the limits; Ray itself is not started."""
+    pytest.importorskip("ray")
+    import genspec.serve.ray_backend as ray_backend
+
+    seen = {}
+    monkeypatch.setattr(ray_backend, "run_ray", lambda settings, *rest: seen.update(settings))
+    assert main(["serve", "--backend", "ray", "--api-key", KEY, "--max-n", "2", "--metrics-public"]) == 0
+    security = seen["security"]
+    assert security.api_key_sha256 == (hash_key(KEY),) and security.max_n == 2 and security.metrics_public
+
+
 def test_a_client_leaving_the_router_cancels_the_request_on_its_replica():
     start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
     chunks = [{"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True}] * 5
@@ -209,7 +266,8 @@ def ray_service(tmp_path_factory):
     port = _free_port()
     settings = {"model": str(model), "drafter": "prompt-lookup", "draft_model": None, "dtype": "float32",
                 "extra_drafters": {}, "drafter_options": {}, "max_batch_size": 4, "max_queue": 8, "grace_s": 5.0,
-                "max_body_bytes": 1 << 20, "name": "tiny", "measure_costs": False}
+                "max_body_bytes": 1 << 20, "name": "tiny", "measure_costs": False,
+                "security": ServeSecurity.with_keys([KEY])}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -242,12 +300,12 @@ def test_two_replicas_serve_completions_and_streams(ray_service):
     import genspec
 
     url, model = ray_service
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60)
     prompt = "abc abc abc abd abc"
     expected = genspec.load(str(model), drafter="none").generate(prompt, max_new_tokens=24)[0].text
 
     def counters():
-        text = httpx.get(f"{url}/metrics", timeout=30).text
+        text = httpx.get(f"{url}/metrics", timeout=30, headers=AUTH).text
         return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
 
     before = counters()
@@ -263,7 +321,13 @@ def test_two_replicas_serve_completions_and_streams(ray_service):
     with pytest.raises(openai.BadRequestError, match="no-such-drafter"):
         client.completions.create(model="tiny", prompt=prompt, max_tokens=4,
                                   extra_body={"speculative": {"drafter": "no-such-drafter"}})
-    assert httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"] == "tiny"
+    assert httpx.get(f"{url}/v1/models", timeout=30, headers=AUTH).json()["data"][0]["id"] == "tiny"
+    # every replica and the router ask for the key
+    for path in ("/v1/models", "/metrics"):
+        assert httpx.get(f"{url}{path}", timeout=30).status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).completions.create(
+            model="tiny", prompt=prompt, max_tokens=2)
 
     # /metrics (one scrape) counts the whole service: 5 requests x 24 tokens, whichever replica ran them
     after = counters()
@@ -282,7 +346,7 @@ def test_a_dying_replica_fails_only_its_requests_with_a_clear_error(ray_service)
             "speculative": {"enabled": False}}  # about 4 s of decoding on one thread
 
     def open_stream():
-        stream = httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120)
+        stream = httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120, headers=AUTH)
         response = stream.__enter__()
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))  # it is running
@@ -314,7 +378,7 @@ def test_a_dying_replica_fails_only_its_requests_with_a_clear_error(ray_service)
     # the service keeps answering (on the surviving replica, then the replacement too)
     for _ in range(4):
         response = httpx.post(f"{url}/v1/completions", json={"prompt": "abc", "max_tokens": 8, "temperature": 0},
-                              timeout=60)
+                              timeout=60, headers=AUTH)
         assert response.status_code == 200 and response.headers[REPLICA_HEADER] != victim
     deadline = time.time() + 60
     while not (len(_engine_replicas()) == 2 and f"SERVE_REPLICA::genspec#{ENGINE_DEPLOYMENT}#{victim}"

@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 from genspec.cli.generate import parse_option
@@ -50,7 +52,70 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--max-replicas", type=int, default=2, metavar="N")
     serve.add_argument("--address", metavar="HOST:PORT",
                        help="--backend ray: join this Ray cluster (default: start a local one)")
+    add_security_arguments(serve)
     serve.set_defaults(func=run_serve)
+
+
+def add_security_arguments(serve) -> None:
+    """Keys, limits, CORS and connection bounds (:mod:`genspec.serve.security`)."""
+    from genspec.serve.security import ServeSecurity
+
+    d = ServeSecurity()
+    access = serve.add_argument_group("access", "API keys and CORS; needed to bind anything but loopback")
+    access.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                        help="accept requests with 'Authorization: Bearer KEY' on /v1/* and /metrics (repeatable; "
+                             "also $GENSPEC_API_KEY, which keeps the key out of the process list)")
+    access.add_argument("--metrics-public", action="store_true", help="serve /metrics without a key")
+    access.add_argument("--insecure-no-api-key", action="store_true",
+                        help="bind a non-loopback --host without any API key (anyone who reaches it may use it)")
+    access.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN[,ORIGIN...]",
+                        help="origins a browser may call the API from (CORS; '*': any). Default: none")
+    limits = serve.add_argument_group("limits", "past each, a request gets a 4xx OpenAI error (0: no limit)")
+    limits.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens, metavar="N",
+                        help=f"tokens of a prompt (default {d.max_prompt_tokens})")
+    limits.add_argument("--max-tokens", type=int, default=d.max_tokens, metavar="N",
+                        help=f"tokens a request may generate (default {d.max_tokens})")
+    limits.add_argument("--max-n", type=int, default=d.max_n, metavar="N", help=f"samples per prompt (default {d.max_n})")
+    limits.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings, metavar="N",
+                        help=f"stop strings of a request (default {d.max_stop_strings})")
+    limits.add_argument("--max-stop-length", type=int, default=d.max_stop_length, metavar="CHARS",
+                        help=f"characters of a stop string (default {d.max_stop_length})")
+    limits.add_argument("--max-streams-per-key", type=int, default=d.max_streams_per_key, metavar="N",
+                        help=f"streams open at once per API key (client address without keys; default "
+                             f"{d.max_streams_per_key}); more get 429")
+    limits.add_argument("--requests-per-minute", type=int, default=d.requests_per_minute, metavar="N",
+                        help=f"per API key (token bucket; default {d.requests_per_minute}); more get 429 with Retry-After")
+    limits.add_argument("--tokens-per-minute", type=int, default=d.tokens_per_minute, metavar="N",
+                        help=f"per API key, counting prompt tokens + n x max_tokens (default {d.tokens_per_minute})")
+    limits.add_argument("--keep-alive", type=float, default=d.keep_alive, metavar="S",
+                        help=f"seconds an idle connection stays open (default {d.keep_alive:g})")
+    limits.add_argument("--read-timeout", type=float, default=d.read_timeout, metavar="S",
+                        help=f"seconds a request's headers and body may take to arrive (default {d.read_timeout:g})")
+    limits.add_argument("--max-connections", type=int, default=d.max_connections, metavar="N",
+                        help=f"connections and requests at once; more get 503 (default {d.max_connections})")
+
+
+def security_settings(args, environ=os.environ):
+    """The :class:`~genspec.serve.security.ServeSecurity` of ``genspec serve``'s flags; refuses a non-loopback
+    ``--host`` without a key unless ``--insecure-no-api-key`` (then warns)."""
+    from genspec.serve.security import ServeSecurity, is_loopback
+
+    keys = [*args.api_key, *([environ["GENSPEC_API_KEY"]] if environ.get("GENSPEC_API_KEY") else [])]
+    if any(not key.strip() or any(c.isspace() for c in key) for key in keys):
+        raise ConfigError("an API key must be non-empty and contain no spaces")
+    if not keys and not is_loopback(args.host):
+        if not args.insecure_no_api_key:
+            raise ConfigError(f"--host {args.host} serves other machines: give an API key (--api-key KEY or "
+                              "$GENSPEC_API_KEY), or pass --insecure-no-api-key to serve anyone who reaches it")
+        print(f"genspec: warning: serving {args.host} without an API key: anyone who reaches it may use it",
+              file=sys.stderr)
+    origins = tuple(o.strip() for spec in args.allowed_origins for o in spec.split(",") if o.strip())
+    return ServeSecurity.with_keys(
+        keys, metrics_public=args.metrics_public, allowed_origins=origins, max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens=args.max_tokens, max_n=args.max_n, max_stop_strings=args.max_stop_strings,
+        max_stop_length=args.max_stop_length, max_streams_per_key=args.max_streams_per_key,
+        requests_per_minute=args.requests_per_minute, tokens_per_minute=args.tokens_per_minute,
+        keep_alive=args.keep_alive, read_timeout=args.read_timeout, max_connections=args.max_connections)
 
 
 def extra_drafters(specs: list[str]) -> dict[str, dict]:
@@ -74,13 +139,14 @@ def run_serve(args) -> int:
     max_body_bytes = DEFAULT_MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
     if max_body_bytes < 1:
         raise ConfigError(f"--max-body-bytes must be >= 1, got {max_body_bytes}")
+    security = security_settings(args)
     settings = {"model": args.model, "drafter": args.drafter, "draft_model": args.draft_model, "dtype": args.dtype,
                 "extra_drafters": extra_drafters(args.extra_drafter),
                 "drafter_options": dict(parse_option(o) for o in args.drafter_option),
                 "max_batch_size": args.max_batch_size, "max_queue": args.max_queue, "grace_s": args.grace_period,
                 "max_body_bytes": max_body_bytes,
                 "name": args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m"),
-                "measure_costs": not args.no_cost_measurement}
+                "measure_costs": not args.no_cost_measurement, "security": security}
     if args.backend == "ray":
         return _run_ray(args, settings)
     from rich.console import Console
@@ -90,7 +156,7 @@ def run_serve(args) -> int:
     with Console(stderr=True).status("loading the model") as status:
         engine = load_engine(settings, progress=lambda text: status.update(text))
     app = create_app(engine, settings["name"], max_queue=args.max_queue, grace_s=args.grace_period,
-                     engine_thread=False, max_body_bytes=max_body_bytes)
+                     engine_thread=False, max_body_bytes=max_body_bytes, security=security)
     run_server(app, args.host, args.port, args.grace_period)
     return 0
 

@@ -55,6 +55,7 @@ from genspec.serve.protocol import (
     speculation_metrics,
     usage,
 )
+from genspec.serve.security import Gatekeeper, ServeSecurity, uvicorn_options
 from genspec.serve.worker import EngineWorker, NeverFits, QueueFull, ShuttingDown
 
 #: request bodies larger than this are refused (413) unless the server is told otherwise: 2 MiB holds a
@@ -356,16 +357,41 @@ def load_engine(settings: dict, progress: Callable[[str], None] | None = None) -
     return engine
 
 
+def _documented_body(model: type[BaseModel]) -> dict:
+    """The OpenAPI request body of a route that parses ``model`` itself (FastAPI then does not declare it)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema of ``app`` with the request models the routes parse themselves (clients and
+    Schemathesis read the bodies from it)."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+        from pydantic.json_schema import models_json_schema
+
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        _, definitions = models_json_schema([(CompletionRequest, "validation"), (ChatCompletionRequest, "validation")],
+                                            ref_template="#/components/schemas/{model}")
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions.get("$defs", {}))
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
 def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, grace_s: float = 30.0,
                chat_max_tokens: int = 1024, engine_thread: bool = True,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, security: ServeSecurity | None = None) -> FastAPI:
     """The server's FastAPI app over ``engine``. ``engine_thread``: the app steps the engine in a thread
     it starts (to embed the app in your own ASGI server); False: the caller steps it, as
     :func:`run_server` does in the thread that loaded the model (faster: see there). Measure the
     engine's verify costs first (:func:`genspec.calibration.measure_verify_costs`) to start from this
     machine's costs of batched blocks rather than learn them from traffic. ``max_body_bytes``: larger
-    request bodies get 413."""
-    server = _Server(engine, model_name, max_queue, grace_s, chat_max_tokens, max_body_bytes)
+    request bodies get 413. ``security``: API keys, limits, CORS (:class:`~genspec.serve.security.ServeSecurity`;
+    default: no keys, the default limits)."""
+    security = security or ServeSecurity()
+    server = _Server(engine, model_name, max_queue, grace_s, min(chat_max_tokens, security.max_tokens or chat_max_tokens),
+                     max_body_bytes)
+    gate = Gatekeeper(security, on_refusal=lambda reason: server.metrics.failure.labels(reason=reason).inc())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -377,6 +403,8 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
 
     app = FastAPI(title="genspec", lifespan=lifespan)
     app.state.server = server
+    gate.install(app)
+    app.openapi = lambda: _openapi(app)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
@@ -424,7 +452,7 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
 
     # The request bodies are parsed by server.parse, not by FastAPI, which would parse them on the event
     # loop, read them whole whatever their size, and answer some faults in its own shape.
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_documented_body(CompletionRequest))
     async def completions(request: Request):
         body = await server.parse(request, CompletionRequest)
         server.check_model(body.model)
@@ -432,7 +460,7 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
         return await respond(body, prompts, body.max_tokens if body.max_tokens is not None else 16, (), request,
                              chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_documented_body(ChatCompletionRequest))
     async def chat_completions(request: Request):
         body = await server.parse(request, ChatCompletionRequest)
         server.check_model(body.model)
@@ -454,7 +482,8 @@ def create_app(engine: SpeculativeEngine, model_name: str, max_queue: int = 64, 
         created, started = now(), time.perf_counter()
         ident = new_id("chatcmpl" if chat else "cmpl")
         kind = "chat.completion" if chat else "text_completion"
-        steps = server.run(samples, configs, indices, request, stream_steps=body.stream)
+        admission = gate.admit(request, body, samples, configs)  # 400 past a limit, 429 past the key's rate
+        steps = admission.hold(server.run(samples, configs, indices, request, stream_steps=body.stream))
 
         if not body.stream:
             async for index, step in steps:
@@ -545,7 +574,8 @@ def run_server(app: FastAPI, host: str, port: int, grace_s: float, log_level: st
     import uvicorn
 
     http = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                         timeout_graceful_shutdown=max(1, int(grace_s) + 5)))
+                                         timeout_graceful_shutdown=max(1, int(grace_s) + 5),
+                                         **uvicorn_options(app.state.gatekeeper.settings)))
     worker = app.state.server.worker
 
     def on_signal(signum, frame):  # only sets flags: it runs inside the engine loop, in this thread

@@ -29,7 +29,8 @@ class Metrics:
                              "output does not have the model's law), by rule and residual", ["rule", "residual"],
                              registry=r)
         self.failure = Counter("genspec:request_failure",
-                               "Requests not finished: invalid, queue_full, cancelled (client gone), error",
+                               "Requests not finished: invalid, queue_full, cancelled (client gone), error; "
+                               "refused: unauthorized (no or a wrong API key), limit, rate_limited",
                                ["reason"], registry=r)
         self.waiting = Gauge("genspec:num_requests_waiting", "Requests waiting for a slot in the running batch",
                              registry=r)

@@ -55,12 +55,12 @@ def threads_per_replica(cores: int, replicas: int) -> int:
 async def asgi_exchange(app, request: dict, extra_headers: list[tuple[bytes, bytes]] = ()):
     """Run one HTTP request through the ASGI ``app`` in this process; yields the app's
     ``http.response.start`` and ``http.response.body`` messages as it sends them. ``request``: method,
-    path, query_string, headers (raw pairs), body. Closing the generator early is a client disconnect:
+    path, query_string, headers (raw pairs), body, and optionally client (host, port). Closing the generator early is a client disconnect:
     the app sees ``http.disconnect`` and its handler is cancelled (a stream frees its engine rows)."""
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
              "method": request["method"], "scheme": "http", "path": request["path"],
              "raw_path": request["path"].encode(), "query_string": request["query_string"], "root_path": "",
-             "headers": list(request["headers"]), "client": None, "server": None}
+             "headers": list(request["headers"]), "client": request.get("client"), "server": None}
     messages: asyncio.Queue = asyncio.Queue()
     gone = asyncio.Event()
     body = [request["body"]]
@@ -114,7 +114,8 @@ def engine_class():
                 engine = load_engine(self.settings)
                 self.app = create_app(engine, self.settings["name"], max_queue=self.settings["max_queue"],
                                       grace_s=self.settings["grace_s"], engine_thread=False,
-                                      max_body_bytes=self.settings["max_body_bytes"])
+                                      max_body_bytes=self.settings["max_body_bytes"],
+                                      security=self.settings.get("security"))
             except BaseException as exc:  # noqa: BLE001 - raised again by __init__, in the actor
                 failure.append(exc)
                 return
@@ -149,6 +150,7 @@ def router_class():
     from genspec.serve.app import DEFAULT_MAX_BODY_BYTES, read_body
     from genspec.serve.metrics import merge_expositions
     from genspec.serve.protocol import APIError
+    from genspec.serve.security import Gatekeeper, ServeSecurity
 
     replica_failures = ray.exceptions.RayActorError  # ActorDiedError, ActorUnavailableError
 
@@ -158,11 +160,20 @@ def router_class():
                         code="replica_failed").body()
 
     class GenspecRouter:
-        def __init__(self, engines, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        """``security``: the engine replicas' :class:`~genspec.serve.security.ServeSecurity`. The router checks
+        the key before it reads a body or bothers a replica (and answers ``/metrics`` itself); the replicas
+        check it too, and the limits. Bodies over ``max_body_bytes`` are refused before they are read."""
+
+        def __init__(self, engines, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, security: ServeSecurity | None = None):
             self.engines = engines
             self.max_body_bytes = max_body_bytes
+            self.gatekeeper = Gatekeeper(security or ServeSecurity())
 
         async def __call__(self, request: Request) -> Response:
+            client = (request.client.host, request.client.port) if request.client else None
+            who = self.gatekeeper.identify(request.headers.raw, client)
+            if isinstance(who, APIError) and self.gatekeeper.protects(request.url.path):
+                return JSONResponse(who.body(), status_code=who.status, headers={"WWW-Authenticate": "Bearer"})
             if request.method == "GET" and request.url.path == "/metrics":
                 bodies = await self.engines.broadcast("replica_metrics").results_async()
                 return Response(merge_expositions(bodies), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -171,7 +182,7 @@ def router_class():
             except APIError as exc:
                 return JSONResponse(exc.body(), status_code=exc.status)
             exchange = {"method": request.method, "path": request.url.path, "query_string": request.url.query.encode(),
-                        "headers": request.headers.raw, "body": body}
+                        "headers": request.headers.raw, "body": body, "client": client}
             stream = self.engines.options(stream=True).http.remote(exchange)
             try:
                 start = await anext(stream)
@@ -221,7 +232,7 @@ def deployment(settings: dict, replicas: int | None, min_replicas: int = 1, max_
     router = serve.deployment(router_class(), name=DEPLOYMENT, ray_actor_options={"num_cpus": 0},
                               max_ongoing_requests=most * per_replica,
                               graceful_shutdown_timeout_s=settings["grace_s"] + 5)
-    return router.bind(engines, settings["max_body_bytes"])
+    return router.bind(engines, settings["max_body_bytes"], settings.get("security"))
 
 
 def app_builder(args: dict):
@@ -229,15 +240,32 @@ def app_builder(args: dict):
     (``serve run``, ``serve deploy``, KubeRay's ``serveConfigV2``; see ``deploy/rayservice.yaml``). ``args``
     (strings, as config files give them): model, drafter, replicas (a number or auto), min_replicas,
     max_replicas, max_batch_size, max_queue, grace_period, served_model_name, cores (CPUs per worker
-    machine, for threads per replica), measure_costs (true / false), max_body_bytes."""
+    machine, for threads per replica), measure_costs (true / false), max_body_bytes; and access: metrics_public
+    and insecure_no_api_key (true / false), allowed_origins (comma-separated), and the limits of
+    :class:`~genspec.serve.security.ServeSecurity` by their names (max_tokens, requests_per_minute, ...).
+    The API key comes from ``$GENSPEC_API_KEY`` (a Kubernetes Secret, never the config file); without
+    one the builder refuses, unless insecure_no_api_key is true: a Serve application is reached from
+    other machines."""
     from genspec.serve.app import DEFAULT_MAX_BODY_BYTES
+    from genspec.serve.security import ServeSecurity
 
     args = {key: str(value) for key, value in (args or {}).items()}
+    limits = {"max_prompt_tokens", "max_tokens", "max_n", "max_stop_strings", "max_stop_length",
+              "max_streams_per_key", "requests_per_minute", "tokens_per_minute"}
     known = {"model", "drafter", "replicas", "min_replicas", "max_replicas", "max_batch_size", "max_queue",
-             "grace_period", "served_model_name", "cores", "measure_costs", "max_body_bytes"}
+             "grace_period", "served_model_name", "cores", "measure_costs", "max_body_bytes", "metrics_public",
+             "allowed_origins", "insecure_no_api_key", *limits}
     unknown = sorted(set(args) - known)
     if unknown:
         raise ConfigError(f"unknown genspec application args {unknown}; known: {sorted(known)}")
+    key = os.environ.get("GENSPEC_API_KEY", "")
+    if not key and args.get("insecure_no_api_key", "false").lower() != "true":
+        raise ConfigError("the genspec application needs an API key in $GENSPEC_API_KEY (or insecure_no_api_key: "
+                          "\"true\" to serve anyone who reaches it)")
+    security = ServeSecurity.with_keys(
+        [key], metrics_public=args.get("metrics_public", "false").lower() == "true",
+        allowed_origins=tuple(o.strip() for o in args.get("allowed_origins", "").split(",") if o.strip()),
+        **{name: int(args[name]) for name in limits if name in args})
     replicas = None if args.get("replicas", "1") == "auto" else int(args.get("replicas", "1"))
     settings = {"model": args.get("model"), "drafter": args.get("drafter", "prompt-lookup"), "draft_model": None,
                 "dtype": "float32", "extra_drafters": {}, "drafter_options": {},
@@ -245,7 +273,7 @@ def app_builder(args: dict):
                 "grace_s": float(args.get("grace_period", "30")),
                 "max_body_bytes": int(args.get("max_body_bytes", str(DEFAULT_MAX_BODY_BYTES))),
                 "name": args.get("served_model_name", "gemma-3-270m"),
-                "measure_costs": args.get("measure_costs", "true").lower() == "true"}
+                "measure_costs": args.get("measure_costs", "true").lower() == "true", "security": security}
     return deployment(settings, replicas, int(args.get("min_replicas", "1")), int(args.get("max_replicas", "2")),
                       cores=int(args["cores"]) if "cores" in args else None)
 
@@ -263,7 +291,9 @@ def run_ray(settings: dict, host: str, port: int, replicas: int | None, min_repl
     stop = threading.Event()
     previous = {}
     try:
-        serve.start(http_options={"host": host, "port": port})
+        security = settings.get("security")
+        keep_alive = {"keep_alive_timeout_s": max(1, round(security.keep_alive))} if security else {}
+        serve.start(http_options={"host": host, "port": port, **keep_alive})
         try:
             serve.run(deployment(settings, replicas, min_replicas, max_replicas), name=DEPLOYMENT, route_prefix="/")
         except RuntimeError as exc:  # a replica failed to start: Serve has its traceback in the logs

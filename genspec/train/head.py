@@ -212,6 +212,20 @@ def pad_batch(pieces, indices):
     return tokens, features, mask
 
 
+def load_checkpoint(path: Path) -> dict:
+    """A training checkpoint, read without running any of its code: tensors, numbers, strings, lists and
+    dicts only (``torch.load(weights_only=True)``). A file that needs pickle to load (any other object in
+    it) is refused: unpickling runs code the file names, and a checkpoint may come from anywhere."""
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise InputFileError(f"{path} holds objects that only pickle can load (loading them would run code the "
+                             "file names); genspec reads checkpoints as tensors and plain data only, so it will "
+                             "not load this one: train from scratch into a new --out") from exc
+
+
 def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out: list[tuple[torch.Tensor, torch.Tensor]],
                vocab_ids: list[int], out: str | Path, config=None, settings: TrainSettings = TrainSettings(),
                resume: bool = False, progress: Callable[[int, dict], None] | None = None, info: dict | None = None,
@@ -244,7 +258,7 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     log = {"settings": asdict(settings), "config": config.as_dict(), "loss": [], "seconds": 0.0}
     step = 0
     if resume:
-        state = torch.load(out / CHECKPOINT, weights_only=False)
+        state = load_checkpoint(out / CHECKPOINT)
         head.load_state_dict(state["head"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
