@@ -22,7 +22,12 @@ def add_parser(subparsers) -> None:
         description="Serve a model over HTTP with speculative decoding: /v1/completions, /v1/chat/completions, "
                     "/v1/models, /health, /metrics and a playground at /.",
         epilog="examples:\n" + __doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--model", metavar="PATH", help="local model directory (default: embedded Gemma 3 270M)")
+    serve.add_argument("--model", metavar="PATH", help="local model directory or .gguf file (default: embedded "
+                                                       "Gemma 3 270M)")
+    serve.add_argument("--model-backend", default="auto", choices=["auto", "torch", "llamacpp"],
+                       help="what runs the model (genspec generate's --backend): llamacpp, torch, or auto (default: "
+                            "llamacpp for a .gguf file and for the embedded model when llama-cpp-python is "
+                            "installed); --backend chooses one process or Ray replicas")
     serve.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: the "
                                                                     "directory's name, or gemma-3-270m)")
     serve.add_argument("--drafter", default="prompt-lookup", help="default drafter of requests (none: no speculation)")
@@ -140,7 +145,11 @@ def run_serve(args) -> int:
     if max_body_bytes < 1:
         raise ConfigError(f"--max-body-bytes must be >= 1, got {max_body_bytes}")
     security = security_settings(args)
-    settings = {"model": args.model, "drafter": args.drafter, "draft_model": args.draft_model, "dtype": args.dtype,
+    from genspec.api import resolve_backend
+
+    model_backend = resolve_backend(args.model, args.model_backend).value  # a bad pair fails before loading
+    settings = {"model": args.model, "model_backend": model_backend, "drafter": args.drafter,
+                "draft_model": args.draft_model, "dtype": args.dtype,
                 "extra_drafters": extra_drafters(args.extra_drafter),
                 "drafter_options": dict(parse_option(o) for o in args.drafter_option),
                 "max_batch_size": args.max_batch_size, "max_queue": args.max_queue, "grace_s": args.grace_period,
@@ -175,8 +184,10 @@ def _run_ray(args, settings: dict) -> int:
             raise ConfigError(f"--replicas takes a number or auto, got {args.replicas!r}") from None
         if replicas < 1:
             raise ConfigError("--replicas must be >= 1")
-    if args.model and not (Path(args.model) / "config.json").is_file():  # before any replica tries it
+    if args.model and settings["model_backend"] == "torch" and not (Path(args.model) / "config.json").is_file():
         raise InputFileError(f"no model at {args.model}: expected a directory with config.json and weights")
+    if args.model and settings["model_backend"] == "llamacpp" and not Path(args.model).is_file():
+        raise InputFileError(f"no GGUF model at {args.model}")
     require_ray()
     run_ray(settings, args.host, args.port, replicas, args.min_replicas, args.max_replicas, args.address)
     return 0

@@ -342,14 +342,15 @@ def _sse(payload) -> str:
 
 def load_engine(settings: dict, progress: Callable[[str], None] | None = None) -> SpeculativeEngine:
     """The engine a server runs, from its settings (model, drafter, drafter_options, extra_drafters,
-    draft_model, dtype, max_batch_size, measure_costs): loaded, and with ``measure_costs`` its verify
+    draft_model, dtype, max_batch_size, measure_costs, model_backend: auto, torch or llamacpp): loaded, and with ``measure_costs`` its verify
     costs measured for batch sizes up to ``max_batch_size`` (``progress`` sees what is being measured)."""
     import genspec
     from genspec.calibration import measure_verify_costs
 
     engine = genspec.load(settings["model"], drafter=settings["drafter"], draft_model=settings["draft_model"],
                           dtype=settings["dtype"], extra_drafters=settings["extra_drafters"],
-                          max_batch_size=settings["max_batch_size"], **settings["drafter_options"])
+                          max_batch_size=settings["max_batch_size"], backend=settings.get("model_backend", "auto"),
+                          **settings["drafter_options"])
     if settings["measure_costs"]:
         most = settings["max_batch_size"]
         batches = sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1)))
