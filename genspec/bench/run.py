@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from genspec import strict_json
 from genspec.errors import ConfigError, InputFileError
 from genspec.interrupts import stoppable
 
@@ -239,7 +240,7 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
 
     results["summary"] = summarize(results)
     try:
-        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        (out / "results.json").write_text(strict_json.dumps(results, indent=1, default=str))
         (out / "report.md").write_text(write_report(results))
         plots = write_plots(results, results["summary"], out)
     except OSError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from genspec.cli import finite_float
 from genspec.cli.generate import parse_option
 from genspec.errors import ConfigError, InputFileError
 
@@ -34,7 +35,7 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--max-batch-size", type=int, default=8, metavar="B", help="requests decoded together")
     serve.add_argument("--max-queue", type=int, default=64, metavar="Q",
                        help="requests that may wait for a batch slot; more get HTTP 429")
-    serve.add_argument("--grace-period", type=float, default=30.0, metavar="S",
+    serve.add_argument("--grace-period", type=finite_float, default=30.0, metavar="S",
                        help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     serve.add_argument("--no-cost-measurement", action="store_true",
