@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import importlib.util
+import os
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -24,10 +25,11 @@ from genspec.drafters.ngram_cache import NGramCacheDrafter
 from genspec.drafters.retrieval import RetrievalDrafter
 from genspec.drafters.self_speculation import EarlyExitDrafter, LayerSkipDrafter, QuantizedDrafter
 from genspec.drafters.suffix import SuffixDrafter
+from genspec.checks import integer
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
 from genspec.models.base import CausalLM
-from genspec.models.hf import HFCausalLM
+from genspec.models.hf import HFCausalLM, parse_device, parse_dtype
 
 
 #: dtypes the embedded model cannot run in, and why. float16: Gemma 3's residual stream outgrows float16's
@@ -39,7 +41,9 @@ EMBEDDED_MODEL_FAILS_IN = {"float16": "its activations exceed float16's largest 
 
 
 def check_dtype(path: str | None, dtype: str) -> None:
-    """Refuse a dtype the model cannot run in (known for the embedded one: ``path`` None), before loading."""
+    """Refuse a dtype no model loads in, or one the model cannot run in (known for the embedded one:
+    ``path`` None), before loading."""
+    parse_dtype(dtype)
     if path is None and dtype in EMBEDDED_MODEL_FAILS_IN:
         raise ConfigError(f"dtype {dtype} cannot work with the embedded Gemma 3 270M: "
                           f"{EMBEDDED_MODEL_FAILS_IN[dtype]}; use float32 (the default) or bfloat16")
@@ -84,9 +88,10 @@ def resolve_backend(path: str | None, backend: "str | Backend" = Backend.AUTO) -
 def load_model(path: str | None = None, dtype: str = "float32", device: str = "cpu",
                backend: "str | Backend" = Backend.AUTO, max_rows: int | None = None) -> CausalLM:
     """A target model from a local directory or GGUF file, or the embedded default (Gemma 3 270M) if ``path``
-    is None, on ``backend`` (see :class:`Backend`). A dtype the model cannot run in is refused before anything
+    is None, on ``backend`` (see :class:`Backend`). A dtype or device that cannot work is refused before anything
     loads; ``max_rows`` sizes a llamacpp model's sequences (default 8)."""
     backend = resolve_backend(path, backend)
+    parse_device(device)
     if backend is Backend.LLAMACPP:
         if dtype != "float32":
             raise ConfigError(f"dtype {dtype} applies to the torch backend; a GGUF model keeps its own quantisation")
@@ -167,10 +172,17 @@ def _check_option_types(name: str, factory: Callable, options: Mapping[str, obje
             raise ConfigError(f"drafter {name!r} option {key}={value!r}: expected {names}")
 
 
-def build_drafter(name: str, target: CausalLM, **options) -> Drafter | None:
-    """The drafter called ``name`` for ``target`` (None for ``"none"``)."""
+def check_drafter(name: str, options: Mapping[str, object] | None = None) -> None:
+    """Refuse, before anything loads, an unknown drafter name and the draft-model drafter without a draft model."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}; choose from: {', '.join(DRAFTERS)}")
+    if name == "draft-model" and (options or {}).get("draft_model") is None:
+        raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
+
+
+def build_drafter(name: str, target: CausalLM, **options) -> Drafter | None:
+    """The drafter called ``name`` for ``target`` (None for ``"none"``)."""
+    check_drafter(name, options)
     factory = DRAFTERS[name]
     if factory is None:
         return None
@@ -193,12 +205,16 @@ def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: 
     ``extra_drafters`` (name -> options) adds drafters a request may pick instead of the default with
     ``GenerationConfig(drafter=NAME)``; ``max_batch_size`` caps the running batch.
     """
-    extra = {name: dict(options) for name, options in (extra_drafters or {}).items()}
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise ConfigError(f"model must be a model directory's path (or None: the embedded model), got {model!r}")
+    extra_drafters = {} if extra_drafters is None else extra_drafters
+    if not (isinstance(extra_drafters, Mapping) and all(isinstance(o, Mapping) for o in extra_drafters.values())):
+        raise ConfigError(f"extra_drafters must map drafter names to option mappings, got {extra_drafters!r}")
+    if max_batch_size is not None:
+        integer("max_batch_size", max_batch_size, minimum=1)
+    extra = {name: dict(options) for name, options in extra_drafters.items()}
     for name in [drafter, *extra]:  # fail before loading anything
-        if name not in DRAFTERS:
-            raise ConfigError(f"unknown drafter {name!r}; choose from: {', '.join(DRAFTERS)}")
-        if name == "draft-model" and draft_model is None and "draft_model" not in extra.get(name, {}):
-            raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
+        check_drafter(name, {"draft_model": draft_model, **extra.get(name, {})})
     target = load_model(model, dtype=dtype, device=device, backend=backend, max_rows=max_batch_size)
     if draft_model is not None:
         drafter_options["draft_model"] = draft_model

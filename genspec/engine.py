@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
 from genspec.acceptance import Verdict, check_rule, is_lossless, verify
+from genspec.checks import finite, integer
 from genspec.draft_length import (POLICIES, AcceptanceMemory, CostModel, DraftCost, DraftLength, RowPlan, plan,
                                   probe_affordable)
 from genspec.drafters.base import DEFAULT_DRAFT_TOKENS, Draft, DraftBlock, Drafter, DraftRequest, RequestContext
@@ -82,12 +83,16 @@ class GenerationConfig:
     measure_bias: bool = False
 
     def __post_init__(self):
-        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
-        if self.num_draft_tokens is not None and (isinstance(self.num_draft_tokens, bool)
-                                                  or int(self.num_draft_tokens) != self.num_draft_tokens
-                                                  or self.num_draft_tokens < 1):
-            raise ConfigError(f"num_draft_tokens (k) must be an integer >= 1, got {self.num_draft_tokens}")
+        self.max_new_tokens = integer("max_new_tokens", self.max_new_tokens, minimum=1)
+        if self.num_draft_tokens is not None:
+            self.num_draft_tokens = integer("num_draft_tokens (k)", self.num_draft_tokens, minimum=1)
+        if self.seed is not None:  # NumPy's SeedSequence (genspec.randomness) takes integers >= 0
+            self.seed = integer("seed", self.seed, minimum=0)
+        self.epsilon, self.delta = finite("epsilon", self.epsilon), finite("delta", self.delta)
+        if self.eos_token_ids is not None:
+            if isinstance(self.eos_token_ids, (str, bytes)) or not isinstance(self.eos_token_ids, Iterable):
+                raise ConfigError(f"eos_token_ids must be a sequence of token ids, got {self.eos_token_ids!r}")
+            self.eos_token_ids = tuple(integer("eos_token_ids", t, minimum=0) for t in self.eos_token_ids)
         if self.rule == AUTO:
             check_rule("overaccept", self.residual, self.epsilon, self.delta)
             if not self.lossless:  # "auto" chooses between lossless rules only
@@ -363,8 +368,8 @@ class SpeculativeEngine:
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, tokenizer=None, *,
                  drafters: Mapping[str, Drafter] | None = None, max_batch_size: int | None = None,
                  cost_model: CostModel | None = None):
-        if max_batch_size is not None and max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_batch_size is not None:
+            max_batch_size = integer("max_batch_size", max_batch_size, minimum=1)
         self.target = target
         self.tokenizer = tokenizer if tokenizer is not None else target.tokenizer
         self.drafters: dict[str, Drafter] = dict(drafters or {})
@@ -411,7 +416,7 @@ class SpeculativeEngine:
         if config.measure_bias and drafter is not None and drafter.max_candidates > 1:
             raise ConfigError(f"bias is measured on chain drafts only; drafter {name!r} drafts trees of up to "
                               f"{drafter.max_candidates} candidates")
-        self._check_prompt(prompt_ids)
+        prompt_ids = self._check_prompt(prompt_ids)
         config = config.resolved(drafter is not None and drafter.samples_drafts,
                                  drafter.default_draft_tokens if drafter is not None else DEFAULT_DRAFT_TOKENS)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
@@ -476,10 +481,11 @@ class SpeculativeEngine:
         logits) raises :class:`~genspec.errors.GenerationError` (or its subclass
         :class:`~genspec.errors.NumericalError`), and the call's other requests are cancelled."""
         config = _config(config, overrides)
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
+            raise ConfigError(f"prompts must be a list of token-id lists, got {prompts!r:.60}")
+        prompts = [self._check_prompt(prompt) for prompt in prompts]
         if not prompts:
             raise ConfigError("no prompts given")
-        for prompt in prompts:
-            self._check_prompt(prompt)
         ids = self._add_own([(p, config, i) for i, p in enumerate(prompts)])
         tokens: dict[int, list[int]] = {i: [] for i in ids}
         finished: dict[int, RequestStep] = {}
@@ -902,7 +908,15 @@ class SpeculativeEngine:
         limit = self.target.max_context
         return limit - len(request.prompt) - len(request.generated) if limit is not None else 1 << 30
 
-    def _check_prompt(self, prompt: list[int]) -> None:
+    def _check_prompt(self, prompt: list[int]) -> list[int]:
+        """``prompt`` as a list of ints, checked: token ids of the target's vocabulary, at least one, fewer
+        than its context holds."""
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Iterable):
+            raise ConfigError(f"a prompt must be a list of token ids, got {prompt!r:.60}"
+                              + ("; text prompts go to generate or stream" if isinstance(prompt, str) else ""))
+        prompt = list(prompt)
+        if not all(type(token) is int for token in prompt):  # the common case checked at C speed
+            prompt = [integer("prompt token id", token) for token in prompt]
         if not prompt:
             raise ConfigError("empty prompt: give at least one token")
         vocab = self.target.vocab_size
@@ -911,12 +925,21 @@ class SpeculativeEngine:
         limit = self.target.max_context
         if limit is not None and len(prompt) >= limit:
             raise ContextLengthError(f"prompt has {len(prompt)} tokens but the model's context is {limit}")
+        return prompt
 
     def _encode(self, prompts: str | list[str]) -> list[list[int]]:
         if self.tokenizer is None:
             raise ConfigError("text prompts need a tokenizer; pass token ids to generate_ids instead")
         if isinstance(prompts, str):
             prompts = [prompts]
+        for prompt in prompts:
+            if not isinstance(prompt, str):
+                raise ConfigError(f"a text prompt must be a str, got {prompt!r:.60}; token ids go to generate_ids")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate (e.g. undecodable bytes read with surrogateescape)
+                raise ConfigError(f"the prompt is not valid Unicode text: {exc.object[exc.start]!r} at character "
+                                  f"{exc.start} is a lone surrogate") from None
         return [self.tokenizer(p)["input_ids"] for p in prompts]
 
     def _decode(self, tokens: list[int]) -> str:
@@ -959,6 +982,12 @@ def _own_hidden(hidden: torch.Tensor, layers: tuple[int, ...], own: tuple[int, .
 
 
 def _config(config: GenerationConfig | None, overrides: dict) -> GenerationConfig:
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise ConfigError(f"config must be a GenerationConfig, got {type(config).__name__}")
+    unknown = sorted(set(overrides) - {f.name for f in fields(GenerationConfig)})
+    if unknown:
+        raise ConfigError(f"unknown generation setting(s) {', '.join(unknown)}; GenerationConfig takes "
+                          f"{', '.join(f.name for f in fields(GenerationConfig))}")
     if config is None:
         return GenerationConfig(**overrides)
     return replace(config, **overrides) if overrides else config

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from genspec.checks import finite, integer
 from genspec.errors import ConfigError
 
 
@@ -30,13 +31,12 @@ class SamplingConfig:
     repetition_penalty: float = 1.0
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
+        if finite("temperature", self.temperature) < 0:
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
+        integer("top_k", self.top_k, minimum=0)
+        if not (0.0 < finite("top_p", self.top_p) <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+        if finite("repetition_penalty", self.repetition_penalty) <= 0:
             raise ConfigError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
     @property

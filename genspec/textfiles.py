@@ -1,5 +1,5 @@
-"""The files users hand to genspec: text to read (corpora, edit sources: UTF-8 or a clear one-line error),
-and output files checked writable before any slow work."""
+"""The files users hand to genspec: text to read (corpora, edit sources, standard input: UTF-8 or a clear
+one-line error), and output files checked writable before any slow work."""
 from __future__ import annotations
 
 import tempfile
@@ -21,10 +21,17 @@ def read_utf8_text(path: str | Path, what: str, expected: str = "UTF-8 text") ->
         raise InputFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
     if b"\x00" in data[:8192]:
         raise InputFileError(f"{path}: binary file; the {what} must be {expected}")
+    return decode_utf8(data, str(path), f"the {what} must be {expected}")
+
+
+def decode_utf8(data: bytes, source: str, hint: str = "") -> str:
+    """``data`` decoded as UTF-8; bytes that are not raise :class:`InputFileError` naming ``source`` and the
+    offset of the first bad byte (and ``hint``, what the input must be)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputFileError(f"{path}: not UTF-8 text (byte {exc.start}); the {what} must be {expected}") from exc
+        raise InputFileError(f"{source}: not UTF-8 text (byte {exc.start}: 0x{data[exc.start]:02x})"
+                             + (f"; {hint}" if hint else "")) from exc
 
 
 def check_output_file(path: str | Path, what: str = "output file") -> None:

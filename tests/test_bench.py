@@ -269,12 +269,25 @@ def _one_line_error(capsys, argv, message):
     (["--top-p", "0"], "--top-p must be in (0, 1]"),
     (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
     (["--threads", "0"], "--threads must be >= 1"),
+    (["--seed", "-1"], "--seed must be >= 0"),
     (["--draft-model", "/no/such/draft"], "no draft model at /no/such/draft"),
     (["--report-from", "/no/results.json"], "results file not found"),
 ])
 def test_bad_arguments_are_one_clear_line(capsys, tmp_path, tiny_model_dirs, extra, message):
     target, _ = tiny_model_dirs
     _one_line_error(capsys, ["bench", "--model", str(target), "--out", str(tmp_path / "out")] + extra, message)
+
+
+@pytest.mark.parametrize("runs", [[], [{"repeat": 0, "method": "plain", "kind": "genspec", "category": "qa",
+                                        "question_id": 1, "new_tokens": 0, "wall_time_s": 0.1, "error": "boom"}]])
+def test_report_from_results_without_a_completed_call_is_an_error(capsys, tmp_path, runs):
+    """Issue 46 item 10: ``--report-from`` a results file with ``"runs": []`` (or only failed calls) wrote an
+    all-"–" report and exited 0."""
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps({"methods": [{"name": PLAIN, "kind": "genspec"}], "runs": runs}))
+    err = _one_line_error(capsys, ["bench", "--report-from", str(source), "--out", str(tmp_path / "out")],
+                          "runs: no completed call to report")
+    assert str(source) in err and not (tmp_path / "out").exists()
 
 
 def test_missing_model_is_one_clear_line(capsys, tmp_path):

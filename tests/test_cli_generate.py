@@ -73,6 +73,11 @@ def test_generate_with_edit_source(capsys, tmp_path, tiny_model_dir):
     (["--drafter", "quantized", "-O", "draft_vocab_file=/no/file.json"], "not found"),
     (["--drafter", "layer-skip", "-O", "skip=/no/skip.json"], "not found"),
     (["-O", "novalue"], "KEY=VALUE"),
+    # issue 46 items 9-11
+    (["--drafter", "early-exit", "-O", "exit_layer=0"], "exit layer must be in 1..2, got 0"),
+    (["--drafter", "early-exit", "-O", "confidence_threshold=NaN"], "confidence_threshold='NaN': expected float"),
+    (["--drafter", "early-exit", "-O", "confidence_threshold=1e400"], "expected float"),
+    (["--seed", "-1", "--temperature", "0.8"], "seed must be an integer >= 0, got -1"),
 ])
 def test_generate_bad_input_is_one_clear_line(capsys, tiny_model_dirs, extra, message):
     target, _ = tiny_model_dirs
@@ -147,3 +152,54 @@ def test_stop_strings_are_not_printed(capsys, tiny_model_dirs):
     for extra in ([], ["--stream"]):
         code, out, _ = _run(capsys, base + [f"--stop={stop}"] + extra)
         assert code == 0 and out == expected + "\n"
+
+
+@pytest.mark.parametrize("option, value", [("--epsilon", "inf"), ("--temperature", "nan"), ("--top-p", "-inf"),
+                                           ("--delta", "NaN")])
+def test_non_finite_numbers_are_refused_by_the_parser(capsys, option, value):
+    """Issue 46 item 9: ``--epsilon inf --json`` printed ``Infinity`` (not JSON); every numeric option
+    refuses NaN and infinities in one line, exit 2, before anything loads."""
+    with pytest.raises(SystemExit) as exit:
+        main(["generate", "--model", "/no/such/model", "--prompt", "hi", "--rule", "typical", f"{option}={value}", "--json"])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and f"argument {option}: must be a finite number, got '{value}'" in err
+    assert "Traceback" not in err
+
+
+def test_prompt_from_standard_input_must_be_utf8(capsys, monkeypatch, tiny_model_dirs):
+    """Issue 46 item 11: invalid UTF-8 on standard input is one line naming the offset of the bad byte
+    (it reached the tokenizer as lone surrogates and raised a TypeError); valid UTF-8 is read whatever
+    the locale."""
+    import io
+    import sys
+
+    target, _ = tiny_model_dirs
+    argv = ["generate", "--model", str(target), "--prompt", "-", "--max-new-tokens", "2", "--json"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"abc\xff\xfedef"), encoding="ascii",
+                                                       errors="surrogateescape"))
+    code, out, err = _run(capsys, argv)
+    assert code == 2 and out == ""
+    assert err.strip() == "genspec: error: standard input: not UTF-8 text (byte 3: 0xff); --prompt - reads UTF-8 text"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("café".encode()), encoding="ascii"))
+    code, out, err = _run(capsys, argv)
+    assert code == 0, err
+    assert json.loads(out)["samples"][0]["finish_reason"] == "length"
+
+
+def test_json_output_is_strict_json(capsys, tiny_model_dirs):
+    """``--json`` goes through genspec.strict_json: a NaN or infinity would be an error naming where it is,
+    never the ``NaN`` / ``Infinity`` that strict parsers refuse."""
+    from genspec.errors import GenerationError
+    from genspec.strict_json import dumps, loads
+
+    target, _ = tiny_model_dirs
+    out = run_json(capsys, ["generate", "--model", str(target), "--prompt", "abc", "--max-new-tokens", "3", "--json"])
+    assert dumps(out) == json.dumps(out)
+    with pytest.raises(GenerationError, match=r"results\[1\]\.speedup is nan"):
+        dumps({"results": [{"speedup": 1.0}, {"speedup": float("nan")}]})
+    with pytest.raises(GenerationError, match=r"output's value is inf"):
+        dumps(float("inf"))
+    for text in ("NaN", "-Infinity", "1e400", "[1, NaN]"):
+        with pytest.raises(ValueError):
+            loads(text)
+    assert loads("[1, 2.5, 1e300]") == [1, 2.5, 1e300]

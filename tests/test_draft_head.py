@@ -518,6 +518,34 @@ def test_genspec_train_head_then_generate_with_it(capsys, tmp_path, tiny_model_d
     assert len(load_head(out)[3]["log"]["loss"]) == 9 and "model_" in load_head(out)[3]
 
 
+def test_genspec_train_checks_every_path_and_the_checkpoint_before_any_work(capsys, tmp_path, tiny_model_dir):
+    """Issue 46 item 12. A file as --out, an --out that cannot be made, --resume with nothing to resume and a
+    truncated checkpoint are refused before the model loads (--model names no model: its error would come
+    first otherwise); a checkpoint of another shape (--layers) before the target's features are recorded.
+    Each is one line, exit 2."""
+    from genspec.cli import main
+
+    def refused(argv, message):
+        assert main(["train", "head", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+    (tmp_path / "file.txt").write_text("not a directory")
+    nowhere = ["--model", str(tmp_path / "no-model"), "--steps", "2"]
+    refused(nowhere + ["--out", str(tmp_path / "file.txt")], "is a file; give a directory")
+    refused(nowhere + ["--out", str(tmp_path / "file.txt" / "head")], "cannot write to output directory")
+    refused(nowhere + ["--out", str(tmp_path / "empty"), "--resume"], "nothing to resume in")
+    out = tmp_path / "head"
+    argv = ["--model", str(tiny_model_dir), "--out", str(out), "--steps", "2", "--prompts", "2", "--max-new-tokens",
+            "8", "--vocab-size", "64"]
+    assert main(["train", "head", *argv]) == 0
+    capsys.readouterr()
+    refused(argv + ["--resume", "--layers", "2"], "another shape (num_layers: 1 in the checkpoint, 2 asked)")
+    whole = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(whole[:len(whole) // 2])
+    refused(nowhere + ["--out", str(out), "--resume"], "checkpoint.pt is damaged or truncated")
+
+
 @pytest.mark.parametrize("extra, message", [(["--steps", "0"], "--steps must be >= 1"),
                                             (["--layers", "0"], "--layers must be >= 1"),
                                             (["--token-layers", "-1"], "--token-layers must be >= 0"),

@@ -2,6 +2,8 @@
 streaming text, bad configurations and inputs."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from stats_helpers import chi_square_pvalue
@@ -210,10 +212,98 @@ def test_visible_text_holds_back_what_may_yet_be_a_stop_string():
     ({"top_k": -2}, "top_k"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"residual": "bad"}, "residual"),
+    # issue 46 items 9, 11, 13: wrong types and non-finite numbers are ConfigErrors naming the argument
+    ({"top_p": "x"}, "top_p must be a number, got 'x'"),
+    ({"temperature": "0.5"}, "temperature must be a number"),
+    ({"repetition_penalty": float("nan")}, "repetition_penalty must be a finite number"),
+    ({"top_k": 1.5}, "top_k must be an integer"),
+    ({"max_new_tokens": "8"}, "max_new_tokens must be an integer >= 1, got '8'"),
+    ({"seed": "abc"}, "seed must be an integer >= 0, got 'abc'"),
+    ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+    ({"seed": 1.5}, "seed must be an integer"),
+    ({"epsilon": float("inf"), "temperature": 1.0}, "epsilon must be a finite number, got inf"),
+    ({"rule": "typical", "epsilon": 0.1, "delta": 1e309, "temperature": 1.0}, "delta must be a finite number"),
+    ({"eos_token_ids": 2}, "eos_token_ids must be a sequence"),
+    ({"eos_token_ids": ["a"]}, "eos_token_ids must be an integer"),
 ])
 def test_bad_generation_config(kwargs, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         GenerationConfig(**kwargs)
+
+
+def test_seeds_are_integers_from_zero_on(tiny_target):
+    """A seed of 0 or beyond 2**64 reproduces; a negative one is refused before anything runs (NumPy's
+    SeedSequence raised a ValueError mid-request)."""
+    engine = SpeculativeEngine(tiny_target)
+    for seed in (0, 2 ** 70):
+        first, again = (engine.generate_ids([[5, 6]], max_new_tokens=4, temperature=1.0, seed=seed)[0].token_ids
+                        for _ in range(2))
+        assert first == again
+    with pytest.raises(ConfigError, match="seed"):
+        engine.generate_ids([[5, 6]], max_new_tokens=4, temperature=1.0, seed=-1)
+
+
+@pytest.mark.parametrize("prompts, message", [
+    ([[2, 3.7]], "prompt token id must be an integer, got 3.7"),
+    ([["a", "b"]], "prompt token id must be an integer, got 'a'"),
+    ([[2, True]], "prompt token id must be an integer, got True"),
+    (["abc"], "a prompt must be a list of token ids, got 'abc'; text prompts go to generate"),
+    ([2, 3], "a prompt must be a list of token ids, got 2"),
+    (5, "prompts must be a list of token-id lists, got 5"),
+])
+def test_generate_ids_takes_lists_of_integer_token_ids(tiny_target, prompts, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        SpeculativeEngine(tiny_target).generate_ids(prompts, max_new_tokens=2)
+
+
+def test_generate_ids_accepts_numpy_and_torch_integers(tiny_target):
+    import numpy as np
+
+    engine = SpeculativeEngine(tiny_target)
+    expected = engine.generate_ids([[5, 6, 7]], max_new_tokens=3)[0].token_ids
+    assert engine.generate_ids([np.array([5, 6, 7])], max_new_tokens=3)[0].token_ids == expected
+    assert engine.generate_ids([torch.tensor([5, 6, 7])], max_new_tokens=3)[0].token_ids == expected
+
+
+def test_unknown_settings_and_configs_are_config_errors(tiny_target):
+    engine = SpeculativeEngine(tiny_target)
+    with pytest.raises(ConfigError, match="unknown generation setting.*temprature"):
+        engine.generate_ids([[5, 6]], temprature=0.5)
+    with pytest.raises(ConfigError, match="config must be a GenerationConfig, got dict"):
+        engine.generate_ids([[5, 6]], {"max_new_tokens": 2})
+    with pytest.raises(ConfigError, match="max_batch_size must be an integer >= 1"):
+        SpeculativeEngine(tiny_target, max_batch_size="4")
+
+
+def test_text_prompts_are_strings_of_valid_unicode(tiny_model_dir):
+    import genspec
+
+    engine = genspec.load(str(tiny_model_dir), drafter="none")
+    with pytest.raises(ConfigError, match="a text prompt must be a str"):
+        engine.generate([[5, 6]], max_new_tokens=2)
+    with pytest.raises(ConfigError, match="lone surrogate"):  # bytes undecodable in the C locale, smuggled in
+        engine.generate(b"ab\xffc".decode("utf-8", "surrogateescape"), max_new_tokens=2)
+
+
+def test_load_refuses_a_dtype_or_device_that_cannot_work_naming_it(tiny_model_dir):
+    """Issue 46 item 13: ``load(dtype="int8")`` advised deleting the model cache, ``load(device="cuda")`` on
+    a machine without CUDA raised a bare AssertionError."""
+    import genspec
+
+    for model in (str(tiny_model_dir), None):  # None: the embedded model, refused before its cache is touched
+        with pytest.raises(ConfigError, match="dtype must be one of float32, bfloat16, float16, float64, got 'int8'") as info:
+            genspec.load(model, dtype="int8")
+        assert "delete" not in str(info.value)
+    for kwargs, message in (({"model": 5}, "model must be a model directory's path"),
+                            ({"extra_drafters": ["suffix"]}, "extra_drafters must map drafter names"),
+                            ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1")):
+        with pytest.raises(ConfigError, match=message):
+            genspec.load(**{"model": str(tiny_model_dir), **kwargs})
+    with pytest.raises(ConfigError, match="device 'nonsense' is not available"):
+        genspec.load(str(tiny_model_dir), device="nonsense")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device 'cuda' is not available on this machine"):
+            genspec.load(str(tiny_model_dir), device="cuda")
 
 
 def test_prompt_longer_than_context(tiny_target):

@@ -209,6 +209,39 @@ def test_leviathan_command(capsys):
     assert code == 0 and "3.6893 tokens per target call" in out
 
 
+@pytest.mark.parametrize("argv", [["--cost", "nan"], ["--verify-cost", "nan"], ["--cost", "inf"],
+                                  ["--verify-cost", "Infinity"], ["--alpha", "nan"]])
+def test_leviathan_refuses_non_finite_numbers(capsys, argv):
+    """Issue 46 item 9: ``--cost nan --json`` printed ``NaN`` (not JSON), ``--verify-cost nan`` "speedup nan"."""
+    with pytest.raises(SystemExit) as exit:
+        main(["theory", "leviathan", *(["--alpha", "0.8"] if argv[0] != "--alpha" else []), *argv, "--json"])
+    out, err = capsys.readouterr()
+    assert exit.value.code == 2 and out == ""
+    assert f"argument {argv[0]}: must be a finite number, got '{argv[1]}'" in err and "Traceback" not in err
+
+
+def test_random_chain_seed_must_not_be_negative(capsys, tmp_path):
+    code, _, err = run(["theory", "random-chain", "-V", "3", "-T", "2", "--seed", "-1", "--out", "-"], capsys)
+    assert code == 2 and "seed must be an integer >= 0, got -1" in err and "Traceback" not in err
+    code, _, err = run(["theory", "figures", "--out", str(tmp_path), "--seed", "-1", "--no-progress"], capsys)
+    assert code == 2 and "seed must be an integer >= 0, got -1" in err and "Traceback" not in err
+
+
+def test_leviathan_formulas_refuse_non_finite_costs():
+    from genspec.theory import leviathan
+
+    for kwargs in ({"cost_ratio": float("nan")}, {"cost_ratio": float("inf")},
+                   {"cost_ratio": 0.1, "verify_cost": float("nan")}):
+        with pytest.raises(ConfigError, match="must be a finite number"):
+            leviathan.optimal_gamma(0.8, **kwargs)
+
+
+@pytest.mark.parametrize("argv", [["pareto", "--eps", "0,nan"], ["pareto", "--draft", "0.5,nan", "--target", "0.5,0.5"]])
+def test_number_lists_refuse_non_finite_numbers(capsys, argv):
+    code, out, err = run(["theory", *argv, "--json"], capsys)
+    assert code == 2 and out == "" and "must be comma-separated finite numbers" in err and "Traceback" not in err
+
+
 def test_pareto_command_default_is_the_worked_example(capsys):
     code, out, _ = run(["theory", "pareto", "--json"], capsys)
     payload = json.loads(out)

@@ -144,14 +144,61 @@ def test_tradeoff_command_on_tiny_models(long_context_dirs, tmp_path, capsys):
     assert (out / "tradeoff.png").stat().st_size > 1000 and "WinRate" in (out / "report.md").read_text()
 
 
+@pytest.mark.parametrize("drafter", ["quantized", "early-exit", "layer-skip", "draft-model"])
+def test_costly_drafters_draft_by_default(long_context_dirs, capsys, drafter):
+    """Issue 46 item 7: a costly drafter is measured at the fixed draft length unless told otherwise (the cost
+    policy drafted nothing for it and the rows were nulls with exit 0): every setting has numbers."""
+    target, draft = long_context_dirs
+    code = main(["tradeoff", "--model", str(target), "--drafter", drafter, "--num-prompts", "1", "--max-new-tokens",
+                 "6", "--eps", "0", "--residual", "opt,uno", "-k", "3", "--no-win-rate", "--json",
+                 *(["--draft-model", str(draft)] if drafter == "draft-model" else [])])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    for record in json.loads(captured.out):
+        assert None not in (record["rejection_rate"], record["bias_tv"], record["pareto_bias"]), record
+        assert record["mean_accepted_length"] > 1
+
+
+def test_settings_that_drafted_nothing_are_an_error_naming_the_cause(long_context_dirs, capsys):
+    """A drafter that proposed nothing (prompt lookup finds no 6-gram of the prompt in the tiny model's
+    output) gives no rejection or bias: a one-line error, not rows of nulls with exit 0."""
+    target, _ = long_context_dirs
+    code = main(["tradeoff", "--model", str(target), "--drafter", "prompt-lookup", "-O", "min_ngram=6", "-O",
+                 "max_ngram=8", "--num-prompts", "1", "--max-new-tokens", "6", "--eps", "0", "--residual", "opt",
+                 "--no-win-rate", "--json"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert "no draft token was verified under 1 of 1 settings (overaccept eps=0 opt)" in captured.err
+    assert "'prompt-lookup' proposed no draft token" in captured.err and "Traceback" not in captured.err
+
+
+def test_check_drafted_names_the_cost_policy_when_it_drafted_nothing():
+    records = [{"rule": "overaccept", "eps": eps, "residual": "opt",
+                "details": {"generations": 2, "judged_positions": judged}} for eps, judged in ((0.0, 0), (0.1, 7))]
+    with pytest.raises(ConfigError, match=r"1 of 2 settings \(overaccept eps=0 opt\).*cost draft-length policy.*"
+                                          r"'quantized'.*--draft-length fixed"):
+        tradeoff.check_drafted(records, "quantized", "cost")
+    tradeoff.check_drafted(records[1:], "quantized", "cost")  # every setting drafted: nothing to say
+    tradeoff.check_drafted([{**records[0], "details": {"generations": 0, "judged_positions": 0}}], "quantized", "cost")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--temperature", "0"], "temperature"), (["--rule", "nope"], "unknown rule"), (["--eps", "-1"], "epsilon"),
     (["--num-prompts", "100"], "1..39"), (["--eps", "a,b"], "comma-separated"), (["--drafter", "none"], "nothing"),
-    (["--samples", "0"], "samples")])
+    (["--samples", "0"], "samples"), (["--eps", "0,nan"], "finite numbers"), (["--delta", "inf"], "finite numbers")])
 def test_bad_tradeoff_arguments_fail_before_loading_a_model(capsys, argv, message):
     code = main(["tradeoff", "--model", "/nonexistent/model", *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err and "nonexistent" not in err
+
+
+@pytest.mark.parametrize("argv", [["--temperature", "nan"], ["--top-p", "inf"]])
+def test_non_finite_numbers_are_refused_by_the_parser(capsys, argv):
+    with pytest.raises(SystemExit) as exit:  # argparse's own error: usage, then one line
+        main(["tradeoff", "--model", "/nonexistent/model", *argv])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and f"argument {argv[0]}: must be a finite number, got '{argv[1]}'" in err
+    assert "Traceback" not in err
 
 
 def test_tree_drafters_are_refused(long_context_dirs, capsys):

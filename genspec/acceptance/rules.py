@@ -101,13 +101,16 @@ def is_lossless(rule: str = "overaccept", epsilon=0.0, residual: str = "opt") ->
 
 
 def check_rule(rule: str, residual: str, epsilon=0.0, delta=0.0) -> None:
-    """A :class:`genspec.errors.ConfigError` for an unknown rule or residual or a negative parameter."""
+    """A :class:`genspec.errors.ConfigError` for an unknown rule or residual or a negative or non-finite parameter."""
     if rule not in RULES:
         raise ConfigError(f"unknown acceptance rule {rule!r}; choose from {', '.join(RULES)}")
     if residual not in RESIDUALS:
         raise ConfigError(f"unknown residual {residual!r}; choose from {', '.join(RESIDUALS)}")
     for name, value in (("epsilon", epsilon), ("delta", delta)):
-        if not bool((torch.as_tensor(value) >= 0).all()):
+        values = torch.as_tensor(value, dtype=torch.float64)
+        if not bool(torch.isfinite(values).all()):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
+        if not bool((values >= 0).all()):
             raise ConfigError(f"{name} must be >= 0, got {value}")
     if rule == "coupled" and not _is_zero(epsilon):
         raise ConfigError(f"the coupled rule is lossless and takes no epsilon, got {epsilon}")

@@ -14,9 +14,9 @@ Example: ``prompt-lookup,prompt-lookup:k=4:draft_length=fixed,hierarchical:level
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
+from genspec import strict_json
 from genspec.errors import ConfigError
 
 PLAIN = "plain"          # genspec plain decoding: the baseline of every speedup
@@ -79,7 +79,7 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
 
 def _value(text: str):
     try:
-        return json.loads(text)
+        return strict_json.loads(text)
     except ValueError:
         if "+" in text and "/" not in text and all(text.split("+")):
             return text.split("+")

@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from genspec import strict_json
 from genspec.errors import ConfigError, InputFileError
 from genspec.interrupts import stoppable
 
@@ -300,7 +301,7 @@ def write_outputs(results: dict, out: Path, raw: bool = True, name: str = "resul
     results["summary"] = summarize(results)
     if not raw:
         compact_runs(results)
-    text = json.dumps(results, indent=1, default=str)
+    text = strict_json.dumps(results, indent=1, default=str)
     try:
         if name.endswith(".gz"):
             (out / name).write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from genspec.errors import InputFileError
 
@@ -71,6 +71,14 @@ class Results(_Record):
     settings: dict = {}
     machine: dict = {}
     model: dict = {}
+
+    @field_validator("runs")
+    @classmethod
+    def _something_to_report(cls, runs: list[Run]) -> list[Run]:
+        """A report needs a completed call of the main phase (without one every figure would be "–")."""
+        if not any(run.phase == "main" and run.error is None for run in runs):
+            raise ValueError(f"no completed call to report ({len(runs)} runs, none of the main phase without an error)")
+        return runs
 
 
 def check_results(data, source: str | Path) -> None:

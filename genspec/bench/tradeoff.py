@@ -198,6 +198,23 @@ def summarize(settings: list[Setting], generations: list[Generation]) -> list[di
     return records
 
 
+def check_drafted(records: list[dict], drafter: str, draft_length: str) -> None:
+    """A :class:`ConfigError` naming the settings whose generations drafted nothing (no judged position:
+    no rejection or bias was measured, the row would be nulls) and why that happens."""
+    empty = [f"{r['rule']} eps={r['eps']:g} {r['residual']}" for r in records
+             if r["details"]["generations"] and not r["details"]["judged_positions"]]
+    if not empty:
+        return
+    if draft_length == "cost":
+        cause = (f"the cost draft-length policy judged the drafts of drafter {drafter!r} not worth their time on this "
+                 f"machine and drafted nothing; use --draft-length fixed (the default) or heuristic")
+    else:
+        cause = (f"drafter {drafter!r} proposed no draft token on these prompts (a model-free drafter finds nothing to "
+                 f"copy?); try another drafter or more prompts")
+    raise ConfigError(f"no draft token was verified under {len(empty)} of {len(records)} settings ({', '.join(empty)}), "
+                      f"so there is no rejection or bias to measure: {cause}")
+
+
 def _add_win_rates(settings: list[Setting], generations: list[Generation], records: list[dict]) -> None:
     index_of = {(s.pair_key, s.residual): i for i, s in enumerate(settings)}
     for key in _paired_keys(settings):

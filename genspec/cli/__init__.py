@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 
@@ -28,6 +29,28 @@ _SUBCOMMANDS = [
     "genspec.cli.tradeoff",
     "genspec.cli.serve",
 ]
+
+
+def finite_float(text: str) -> float:
+    """The argparse type of every numeric option: a float, refusing ``nan`` and ``inf`` (which Python's
+    ``float`` reads, and no setting means)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def float_list(text: str, option: str) -> list[float]:
+    """A comma-separated list of finite numbers (``--eps 0,0.01,0.05``), or a one-line ConfigError naming ``option``."""
+    from genspec.errors import ConfigError
+
+    try:
+        return [finite_float(item) for item in text.split(",") if item.strip()]
+    except argparse.ArgumentTypeError:
+        raise ConfigError(f"{option} must be comma-separated finite numbers, got {text!r}") from None
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,6 +16,7 @@ import shlex
 import time
 from pathlib import Path
 
+from genspec.cli import finite_float
 from genspec.errors import ConfigError, InputFileError
 
 #: the methods of a run by backend (plain and the backend's reference baseline always run too)
@@ -64,8 +65,8 @@ def add_parser(subparsers) -> None:
                        help="leave out each category's first N prompts (default 0): tune on prompts that the "
                             "default run, which measures the first ones, does not")
     bench.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens per prompt at most (default 128)")
-    bench.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
-    bench.add_argument("--top-p", type=float, default=1.0, metavar="P",
+    bench.add_argument("--temperature", type=finite_float, default=0.0, metavar="T", help="0 = greedy (default)")
+    bench.add_argument("--top-p", type=finite_float, default=1.0, metavar="P",
                        help="nucleus sampling with --temperature > 0, for every method alike (default 1.0: off)")
     bench.add_argument("--seed", type=int, default=0, help="seed of every call (default 0)")
     bench.add_argument("--repeats", type=int, metavar="R", help="repeats of the whole suite (default 3)")
@@ -123,6 +124,8 @@ def resolve_settings(args) -> dict:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.seed < 0:
+        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     if args.draft_model is not None and not Path(args.draft_model).is_dir():

@@ -7,9 +7,9 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from genspec import strict_json
 from genspec.errors import ConfigError, InputFileError
 from genspec.textfiles import check_output_file
 
@@ -72,6 +72,6 @@ def run_draft_vocab(args) -> int:
 def _write_json(path: str, payload: dict) -> None:
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(payload, indent=1))
+        Path(path).write_text(strict_json.dumps(payload, indent=1))
     except OSError as exc:
         raise InputFileError(f"cannot write {path}: {exc}") from exc

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from genspec.cli import finite_float
 from genspec.errors import ConfigError, ContextLengthError, InputFileError
 
 
@@ -23,10 +23,10 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft tokens per step at most (default: the drafter's own: 8, suffix 24)")
     parser.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"],
                         help="draft length policy: fixed k, HF's +2/-1 schedule, or cost-aware (default)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--temperature", type=finite_float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--top-p", type=finite_float, default=1.0)
+    parser.add_argument("--repetition-penalty", type=finite_float, default=1.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
@@ -37,9 +37,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                              "position's noise, so a --seed reproduces under every --draft-length, for a lower "
                              "acceptance) or auto (default: coupled for a seeded sampled request whose drafter "
                              "samples its drafts, else overaccept)")
-    parser.add_argument("--epsilon", type=float, default=0.0,
+    parser.add_argument("--epsilon", type=finite_float, default=0.0,
                         help="over-acceptance (LOSSY if > 0; default 0) or typical acceptance's cap (Medusa: 0.09)")
-    parser.add_argument("--delta", type=float, default=0.3, help="typical acceptance's entropy factor (default 0.3)")
+    parser.add_argument("--delta", type=finite_float, default=0.3, help="typical acceptance's entropy factor (default 0.3)")
     parser.add_argument("--residual", default="opt", choices=["opt", "uno"],
                         help="law drawn after a rejection: opt (default; norm([q - b p]+), least bias) or uno "
                              "(q itself: LOSSY even at --epsilon 0)")
@@ -54,12 +54,15 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_option(text: str) -> tuple[str, object]:
-    """``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, lists), else as a string."""
+    """``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, lists; NaN and infinities are not
+    numbers), else as a string."""
+    from genspec import strict_json
+
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"drafter option must look like KEY=VALUE, got {text!r}")
     try:
-        return key.strip().replace("-", "_"), json.loads(value)
+        return key.strip().replace("-", "_"), strict_json.loads(value)
     except ValueError:
         return key.strip().replace("-", "_"), value
 
@@ -111,6 +114,16 @@ def check_prompt_fits(engine, prompt: str, max_new_tokens: int) -> None:
                                  f"does not fit the model's context of {context}: at most {context - prompt_tokens}")
 
 
+def read_prompt(prompt: str) -> str:
+    """``--prompt``: the text itself, or with ``-`` standard input's bytes decoded as UTF-8 (whatever the
+    locale: in the C locale Python would smuggle undecodable bytes in as lone surrogates)."""
+    from genspec.textfiles import decode_utf8
+
+    if prompt != "-":
+        return prompt
+    return decode_utf8(sys.stdin.buffer.read(), "standard input", "--prompt - reads UTF-8 text")
+
+
 def generation_config(args):
     from genspec.engine import GenerationConfig
 
@@ -159,6 +172,7 @@ def _merge_stats(results) -> dict:
 
 def run_generate(args) -> int:
     import genspec
+    from genspec import strict_json
 
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
@@ -169,7 +183,7 @@ def run_generate(args) -> int:
     config = generation_config(args)  # everything is checked before the (slow) model load
     options = drafter_options(args)
     check_model(args.model, args.dtype, args.max_new_tokens, args.backend)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = read_prompt(args.prompt)
     engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
                           backend=args.backend, **options)
     check_prompt_fits(engine, prompt, args.max_new_tokens)
@@ -187,16 +201,16 @@ def run_generate(args) -> int:
         return 0
     results = engine.generate([prompt] * args.num_samples, config)
     if args.json:
-        print(json.dumps({"samples": [{"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason}
-                                      for r in results],
-                          "stats": _merge_stats(results)}))
+        print(strict_json.dumps({"samples": [{"text": r.text, "token_ids": r.token_ids,
+                                              "finish_reason": r.finish_reason} for r in results],
+                                 "stats": _merge_stats(results)}))
     else:
         for i, r in enumerate(results):
             if args.num_samples > 1:
                 print(f"--- sample {i + 1}")
             print(r.text)
         s = _merge_stats(results)
-        lossy = "" if config.lossless else f", LOSSY acceptance: {json.dumps(config.acceptance)}"
+        lossy = "" if config.lossless else f", LOSSY acceptance: {strict_json.dumps(config.acceptance)}"
         print(f"[{s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s, acceptance {s['acceptance_rate']:.2f}, "
               f"mean accepted length {s['mean_accepted_length']:.2f}{lossy}]", file=sys.stderr)
     return 0

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from genspec.cli import finite_float
 from genspec.cli.generate import parse_option
 from genspec.errors import ConfigError, InputFileError
 
@@ -43,7 +44,7 @@ def add_parser(subparsers) -> None:
                        help="requests that may wait for a batch slot; more get HTTP 429")
     serve.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
                        help="largest request body accepted, in bytes (default 2 MiB); larger ones get HTTP 413")
-    serve.add_argument("--grace-period", type=float, default=30.0, metavar="S",
+    serve.add_argument("--grace-period", type=finite_float, default=30.0, metavar="S",
                        help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     serve.add_argument("--no-cost-measurement", action="store_true",

@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+from genspec import strict_json
+from genspec.cli import finite_float, float_list
 from genspec.errors import ConfigError, InputFileError
 
 
@@ -46,11 +48,11 @@ def add_parser(subparsers) -> None:
 
     lev = sub.add_parser("leviathan", help="Leviathan et al.: tokens per target call, speedup, optimal gamma")
     source = lev.add_mutually_exclusive_group(required=True)
-    source.add_argument("--alpha", type=float, help="per-token acceptance rate alpha = 1 - E[TV]")
+    source.add_argument("--alpha", type=finite_float, help="per-token acceptance rate alpha = 1 - E[TV]")
     source.add_argument("--chain", metavar="CHAIN.json", help="take alpha = 1 - E[N_rej]/T from a chain pair")
     lev.add_argument("--gamma", type=int, help="draft tokens per target call (default: report the optimum only)")
-    lev.add_argument("--cost", type=float, default=0.0, metavar="C", help="draft step cost / target step cost")
-    lev.add_argument("--verify-cost", type=float, default=1.0, metavar="V",
+    lev.add_argument("--cost", type=finite_float, default=0.0, metavar="C", help="draft step cost / target step cost")
+    lev.add_argument("--verify-cost", type=finite_float, default=1.0, metavar="V",
                      help="measured cost of verifying gamma + 1 tokens, in target steps (default 1)")
     lev.add_argument("--max-gamma", type=int, default=64, help="search the optimal gamma in 1..MAX")
     lev.add_argument("--json", action="store_true")
@@ -74,7 +76,7 @@ def add_parser(subparsers) -> None:
     opt.add_argument("pair", metavar="PAIR.json", help='chain pair {initial, draft, target} or one step {"draft", "target"}')
     opt.add_argument("--factors", metavar="C1,C2,...", help="scaling factors in (0, 1] (default 0.9,0.75,0.5)")
     opt.add_argument("--powers", metavar="G1,...", help="powers >= 1 (default 2)")
-    opt.add_argument("--epsilon", type=float, default=0.1, help="over-acceptance shown for contrast (0: none)")
+    opt.add_argument("--epsilon", type=finite_float, default=0.1, help="over-acceptance shown for contrast (0: none)")
     opt.add_argument("--simulate", type=int, default=20_000, metavar="N", help="simulated runs per rule (0: exact only)")
     opt.add_argument("--seed", type=int, default=0)
     opt.add_argument("--json", action="store_true")
@@ -97,7 +99,7 @@ def _print_help(parser: argparse.ArgumentParser) -> int:
 
 
 def _emit(args, payload: dict, text: str) -> int:
-    print(json.dumps(payload) if args.json else text)
+    print(strict_json.dumps(payload) if args.json else text)
     return 0
 
 
@@ -115,7 +117,7 @@ def run_random_chain(args) -> int:
 
     chain = random_chain(args.vocab, args.horizon, args.seed)
     if args.out == "-":
-        print(json.dumps(chain.to_json_dict()))
+        print(strict_json.dumps(chain.to_json_dict()))
         return 0
     save_chain(chain, args.out)
     print(f"wrote {args.out}: random pair V={chain.vocab_size}, T={chain.horizon}, seed {args.seed} "
@@ -225,7 +227,7 @@ def run_pareto(args) -> int:
     from genspec.theory.exact import total_variation
 
     draft, target = _pareto_pair(args)
-    epsilons = _float_list(args.eps, "--eps") if args.eps else pareto.DEFAULT_EPSILONS
+    epsilons = float_list(args.eps, "--eps") if args.eps else pareto.DEFAULT_EPSILONS
     draft, target = pareto.check_pair(draft, target)
     points = pareto.pareto_table(draft, target, epsilons)
     tv = float(total_variation(draft, target))
@@ -244,8 +246,8 @@ def run_optimality(args) -> int:
     if args.simulate < 0:
         raise ConfigError(f"--simulate must be >= 0, got {args.simulate}")
     rules = optimality.comparison_rules(
-        _float_list(args.factors, "--factors") if args.factors else optimality.DEFAULT_FACTORS,
-        _float_list(args.powers, "--powers") if args.powers else optimality.DEFAULT_POWERS, args.epsilon)
+        float_list(args.factors, "--factors") if args.factors else optimality.DEFAULT_FACTORS,
+        float_list(args.powers, "--powers") if args.powers else optimality.DEFAULT_POWERS, args.epsilon)
     chain = _chain_or_pair(Path(args.pair))
     outcomes = optimality.compare_rules(chain, rules, args.simulate, args.seed)
     standard = outcomes[0].expected_rejections
@@ -293,7 +295,7 @@ def _pareto_pair(args):
     if bool(args.draft) != bool(args.target):
         raise ConfigError("--draft and --target go together")
     if args.draft:
-        return _float_list(args.draft, "--draft"), _float_list(args.target, "--target")
+        return float_list(args.draft, "--draft"), float_list(args.target, "--target")
     return pareto.EXAMPLE_DRAFT, pareto.EXAMPLE_TARGET
 
 
@@ -319,13 +321,6 @@ def _read_pair_file(path: Path):
         return check_pair(data["draft"], data["target"])
     except ConfigError as exc:
         raise InputFileError(f"{path}: {exc}") from None
-
-
-def _float_list(text: str, option: str) -> list[float]:
-    try:
-        return [float(item) for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise ConfigError(f"{option} must be comma-separated numbers, got {text!r}") from None
 
 
 def _fmt_list(values) -> str:

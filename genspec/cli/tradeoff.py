@@ -2,12 +2,13 @@
 theory's Pareto front, and OPT's WinRate over UNO (:mod:`genspec.bench.tradeoff`)."""
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
+from genspec import strict_json
+from genspec.cli import finite_float, float_list
 from genspec.errors import ConfigError
 from genspec.interrupts import stoppable
 
@@ -40,11 +41,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--samples", type=int, default=1, metavar="S",
                         help="samples per prompt, seeds SEED..SEED+S-1 (default 1)")
     parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="default 32")
-    parser.add_argument("--temperature", type=float, default=1.0, help="> 0 (default 1.0)")
+    parser.add_argument("--temperature", type=finite_float, default=1.0, help="> 0 (default 1.0)")
     parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-p", type=finite_float, default=1.0)
     parser.add_argument("--num-draft-tokens", "-k", type=int, default=8, metavar="K")
-    parser.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"])
+    parser.add_argument("--draft-length", default="fixed", choices=["fixed", "heuristic", "cost"],
+                        help="draft length policy (default fixed: K tokens every step; the cost policy stops "
+                             "drafting where drafts cost more time than they save, leaving nothing to measure)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scorer", default="loglik",
                         help="WinRate scorer: loglik (the target's mean log-likelihood of the response, untempered; "
@@ -54,13 +57,6 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--out", metavar="DIR", help="write results.json, report.md and tradeoff.png here")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per setting")
     parser.set_defaults(func=run_tradeoff)
-
-
-def _floats(text: str, option: str) -> list[float]:
-    try:
-        return [float(item) for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise ConfigError(f"{option} must be comma-separated numbers, got {text!r}") from None
 
 
 def _names(text: str) -> list[str]:
@@ -77,9 +73,9 @@ def run_tradeoff(args) -> int:
 
     console = Console(stderr=True)
     # everything the user gave is checked before the model loads
-    settings = tradeoff.settings_grid(_names(args.rule), _floats(args.eps, "--eps"), _names(args.residual),
-                                      _floats(args.delta, "--delta"),
-                                      _floats(args.typical_eps, "--typical-eps") if args.typical_eps else None)
+    settings = tradeoff.settings_grid(_names(args.rule), float_list(args.eps, "--eps"), _names(args.residual),
+                                      float_list(args.delta, "--delta"),
+                                      float_list(args.typical_eps, "--typical-eps") if args.typical_eps else None)
     if args.temperature <= 0:
         raise ConfigError("--temperature must be > 0: the rules differ only when sampling (greedy decoding is exact)")
     if args.samples < 1:
@@ -125,11 +121,13 @@ def run_tradeoff(args) -> int:
             tradeoff.score_generations(generations, prompts, prompt_ids, scorer, settings,
                                        lambda done, total: progress.update(scoring, completed=done, total=total))
     records = tradeoff.summarize(settings, generations)
+    if not interrupted:
+        tradeoff.check_drafted(records, args.drafter, args.draft_length)
     if out is not None:
         _write(out, args, records, settings, prompts, generations, scorer_name, interrupted,
                time.perf_counter() - started, machine_info())
     if args.json:
-        print(json.dumps(tradeoff.public(records)))
+        print(strict_json.dumps(tradeoff.public(records)))
     else:
         print(tradeoff.speed_table(records))
         if any(r["win_rate"] for r in records):
@@ -192,7 +190,7 @@ def _write(out: Path, args, records, settings, prompts, generations, scorer_name
         "settings": tradeoff.public(records), "details": [r["details"] for r in records],
         "generations": [g.as_dict() for g in generations],
     }
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.json").write_text(strict_json.dumps(results, indent=1))
     title = (f"{Path(args.model).name if args.model else 'Gemma 3 270M'}, drafter {args.drafter}, T={args.temperature:g}, "
              f"{len(prompts)} prompts x {args.samples} samples x {args.max_new_tokens} tokens")
     tradeoff_plot(records, out / "tradeoff.png", title)

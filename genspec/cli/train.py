@@ -71,21 +71,46 @@ def add_parser(subparsers) -> None:
         p.set_defaults(func=run)
 
 
-def _sequences(args, target, out: Path, console, progress):
-    """The run's sequences: those saved in ``out`` (a resumed run), those of ``--sequences``, or new
-    ones (the target's continuations + ``--data``), saved in ``out`` before training starts."""
+def _check_files(args, out: Path):
+    """Every path of the run checked before anything loads: ``--out`` a directory that can be written
+    (empty unless ``--resume``, then holding a checkpoint that loads), ``--data`` readable UTF-8 text,
+    ``--sequences`` readable sequences. Returns what the run reads of them: (saved sequences of a resumed run
+    or of ``--sequences``, or None; the texts of ``--data``)."""
+    from genspec.cli.bench import check_output_dir
+    from genspec.errors import InputFileError
+    from genspec.train.data import SEQUENCES, Sequences, read_texts
+    from genspec.train.head import resumable_state
+
+    if out.exists() and not out.is_dir():
+        raise InputFileError(f"--out {out} is a file; give a directory (the speculator's files go in it)")
+    if args.resume:
+        resumable_state(out)  # there is a checkpoint, and it loads (its shape is checked once the config is known)
+    elif out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --resume")
+    if args.data and args.sequences:
+        raise ConfigError("--data and --sequences exclude each other (the sequences already hold their text)")
+    check_output_dir(out)
+    texts = read_texts(args.data)
+    if args.resume and (out / SEQUENCES).is_file():
+        return Sequences.load(out / SEQUENCES), texts
+    return (Sequences.load(args.sequences) if args.sequences else None), texts
+
+
+def _sequences(args, target, out: Path, given, texts: list[str], progress):
+    """The run's sequences: ``given`` (those saved in ``out`` by the run resumed, or those of
+    ``--sequences``), or new ones (the target's continuations + ``texts``), saved in ``out`` before
+    training starts."""
     from genspec.bench.prompts import encode_prompt, load_spec_bench
-    from genspec.train.data import SEQUENCES, Sequences, collect_sequences, read_texts
+    from genspec.train.data import SEQUENCES, collect_sequences
 
     saved = out / SEQUENCES
     if args.resume and saved.is_file():
-        return Sequences.load(saved)
-    if args.sequences:
-        data = Sequences.load(args.sequences)
+        return given  # the resumed run's own (read by _check_files)
+    if given is not None:
+        data = given
         if data.info.get("fingerprint") != _fingerprint(target):
             raise ConfigError(f"the sequences in {args.sequences} were made by another model")
     else:
-        texts = read_texts(args.data)
         measured = {q.question_id for q in load_spec_bench(per_category=BENCH_PROMPTS_EXCLUDED)}
         prompts = [p for p in load_spec_bench() if p.question_id not in measured][:args.prompts]
         task = progress.add_task("target continuations", total=None)
@@ -128,7 +153,7 @@ def run(args) -> int:
     from genspec.models.draft_head import HeadConfig, MedusaConfig
     from genspec.models.hf import HFCausalLM
     from genspec.train.data import held_out_acceptance
-    from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
+    from genspec.train.head import TrainSettings, choose_vocabulary, record_features, resumable_state, train_head
     from genspec.train.plots import training_curve
 
     for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size", "num_heads", "width", "layers"):
@@ -137,10 +162,7 @@ def run(args) -> int:
     if getattr(args, "token_layers", 0) < 0:
         raise ConfigError(f"--token-layers must be >= 0, got {args.token_layers}")
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.resume:
-        raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --resume")
-    if args.data and args.sequences:
-        raise ConfigError("--data and --sequences exclude each other (the sequences already hold their text)")
+    given, texts = _check_files(args, out)
     console = Console(stderr=True)
     torch.manual_seed(args.seed)
     target = genspec.load_model(args.model)
@@ -153,16 +175,8 @@ def run(args) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
-        data = _sequences(args, target, out, console, progress)
-        task = progress.add_task("target features", total=len(data.sequences))
-        features = record_features(target, data.sequences, progress=lambda n: progress.advance(task, n),
-                                   token_layers=token_layers, feature_layers=feature_layers)
-        train = [features[i] for i in data.train]
-        held = [features[i] for i in data.held_out]
+        data = _sequences(args, target, out, given, texts, progress)
         vocab = choose_vocabulary([data.sequences[i] for i in data.train], args.vocab_size, target.eos_token_ids)
-        task = progress.add_task("training", total=args.steps)
-        settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
-        tokens = sum(len(f) for _, f in train)
         config = {"head": lambda: HeadConfig(target.config.hidden_size, num_layers=args.layers, token_layers=token_layers,
                                              feature_layers=feature_layers),
                   "medusa": lambda: MedusaConfig(target.config.hidden_size, args.num_heads),
@@ -170,6 +184,16 @@ def run(args) -> int:
                                                num_layers=args.layers, max_positions=target.max_context or 8192)
                   }[args.kind]
         config = config()
+        if args.resume:  # before the target's features are recorded: a checkpoint of another shape fails now
+            resumable_state(out, config)
+        task = progress.add_task("target features", total=len(data.sequences))
+        features = record_features(target, data.sequences, progress=lambda n: progress.advance(task, n),
+                                   token_layers=token_layers, feature_layers=feature_layers)
+        train = [features[i] for i in data.train]
+        held = [features[i] for i in data.held_out]
+        task = progress.add_task("training", total=args.steps)
+        settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
+        tokens = sum(len(f) for _, f in train)
         log = train_head(target, train, held, vocab, out, config, settings=settings, resume=args.resume, kind=args.kind,
                          progress=lambda step, entry: progress.update(
                              task, completed=step, description=f"training (loss {entry['loss']:.3f})"),

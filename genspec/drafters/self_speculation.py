@@ -82,7 +82,9 @@ class EarlyExitDrafter(_SelfDrafter):
     def variant(cls, target, vocab_subset, exit_layer: int | str | None = None):
         if isinstance(exit_layer, str):
             exit_layer = read_calibration(exit_layer, "exit_layer", int)
-        return variants.early_exit(target, exit_layer or max(1, target.num_layers // 4), vocab_subset)
+        if exit_layer is None:
+            exit_layer = max(1, target.num_layers // 4)
+        return variants.early_exit(target, exit_layer, vocab_subset)
 
 
 class LayerSkipDrafter(_SelfDrafter):

@@ -34,6 +34,31 @@ from genspec.models.head import LMHead, PackedWeight, needs_grad, packable, weig
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
+#: the dtypes a model loads in (weights and activations in floating point)
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``dtype`` (one of :data:`DTYPES`, or such a ``torch.dtype``) as a ``torch.dtype``; anything else is a
+    :class:`ConfigError` before any weights load."""
+    torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) and dtype in DTYPES else dtype
+    if not (isinstance(torch_dtype, torch.dtype) and torch_dtype.is_floating_point
+            and str(torch_dtype).replace("torch.", "") in DTYPES):
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return torch_dtype
+
+
+def parse_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` this machine has; a malformed name or a device it lacks (``cuda``
+    without a GPU) is a :class:`ConfigError` before any weights load."""
+    try:
+        parsed = torch.device(device)
+        torch.empty(0, device=parsed)  # an absent backend raises here (CUDA: AssertionError or RuntimeError)
+    except (RuntimeError, AssertionError, TypeError) as exc:
+        raise ConfigError(f"device {device!r} is not available on this machine: {_first_line(exc)}") from None
+    return parsed
+
+
 def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -141,12 +166,10 @@ class HFCausalLM(CausalLM):
 
         hf_logging.disable_progress_bar()  # genspec shows its own progress; keep stderr for errors
         hf_logging.set_verbosity_error()
+        torch_dtype, device = parse_dtype(dtype), parse_device(device)
         path = Path(path)
         if not path.is_dir() or not (path / "config.json").is_file():
             raise InputFileError(f"no model at {path}: expected a directory with config.json and weights")
-        torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        if not isinstance(torch_dtype, torch.dtype):
-            raise ConfigError(f"unknown dtype {dtype!r}")
         from safetensors import SafetensorError  # a truncated or overwritten weights file
 
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from genspec.checks import integer
 from genspec.errors import ConfigError, InputFileError
 from genspec.theory.budget import Cost, check
 
@@ -92,6 +93,7 @@ def random_chain(vocab_size: int, horizon: int, seed: int) -> ChainPair:
     Refused (:class:`ConfigError`) above the theory toolkit's limits (:mod:`genspec.theory.budget`)."""
     if vocab_size < 1 or horizon < 1:
         raise ConfigError(f"need vocab >= 1 and horizon >= 1, got vocab={vocab_size}, horizon={horizon}")
+    seed = integer("seed", seed, minimum=0)  # NumPy's generators take seeds >= 0
     check(chain_cost(vocab_size, horizon), f"a chain pair with V = {vocab_size}, T = {horizon} "
                                            f"({2 * horizon * vocab_size ** 2:.3g} transition probabilities)")
     rng = np.random.default_rng(seed)

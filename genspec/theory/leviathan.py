@@ -66,11 +66,11 @@ def speedup(alpha: float, gamma: int, cost_ratio: float, verify_cost: VerifyCost
     the target call that scores gamma + 1 tokens, in units of one target step: 1 in the idealised model,
     or a measured number (a float, or a function of gamma) on real hardware.
     """
-    if cost_ratio < 0:
-        raise ConfigError(f"cost ratio c must be >= 0, got {cost_ratio}")
+    if not (math.isfinite(cost_ratio) and cost_ratio >= 0):
+        raise ConfigError(f"cost ratio c must be a finite number >= 0, got {cost_ratio}")
     verify = verify_cost(gamma) if callable(verify_cost) else float(verify_cost)
-    if verify <= 0:
-        raise ConfigError(f"verify cost must be > 0, got {verify}")
+    if not (math.isfinite(verify) and verify > 0):
+        raise ConfigError(f"verify cost must be a finite number > 0, got {verify}")
     return expected_tokens_per_call(alpha, gamma) / (gamma * cost_ratio + verify)
 
 

@@ -237,11 +237,10 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     out = Path(out)
     if not resume and ((out / CHECKPOINT).exists() or (out / HEAD_CONFIG).exists()):
         raise ConfigError(f"{out} holds a trained speculator; choose another --out or pass --resume")
-    if resume and not (out / CHECKPOINT).is_file():
-        raise InputFileError(f"nothing to resume in {out} (no {CHECKPOINT})")
-    torch.manual_seed(settings.seed)
     module, config_class = KINDS[kind]
     config = config or config_class(hidden_size=target.config.hidden_size)
+    state = resumable_state(out, config) if resume else None
+    torch.manual_seed(settings.seed)
     head = module(config).to(torch.float32).train()
     loss_of = LOSSES[kind]
     vocab = torch.as_tensor(vocab_ids, dtype=torch.long)
@@ -257,8 +256,7 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     generator = torch.Generator().manual_seed(settings.seed)
     log = {"settings": asdict(settings), "config": config.as_dict(), "loss": [], "seconds": 0.0}
     step = 0
-    if resume:
-        state = load_checkpoint(out / CHECKPOINT)
+    if state is not None:
         head.load_state_dict(state["head"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
@@ -298,6 +296,41 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     log["seconds"] = time.perf_counter() - started
     save_head(out, head.eval(), vocab_ids, target_fingerprint(target), {**(info or {}), "log": log})
     return log
+
+
+def resumable_state(out: str | Path, config=None) -> dict:
+    """The training state in ``out``'s :data:`CHECKPOINT`, checked before any work starts: there is one, it
+    loads whole (not truncated), and (given ``config``, the kind's ``HeadConfig``, ``MedusaConfig`` or
+    ``DraftConfig``) it trains a speculator of that shape. Otherwise :class:`InputFileError` or
+    :class:`ConfigError` naming the file and the difference."""
+    path = Path(out) / CHECKPOINT
+    if not path.is_file():
+        raise InputFileError(f"nothing to resume in {out} (no {CHECKPOINT})")
+    try:
+        state = load_checkpoint(path)
+    except InputFileError:  # it needs pickle: refused, whole or not
+        raise
+    except Exception as exc:  # noqa: BLE001 - truncated: RuntimeError (PytorchStreamReader); garbage: ValueError, EOFError...
+        detail = str(exc).split(". ")[0].splitlines()[0] if str(exc) else "no detail"
+        raise InputFileError(f"{path} is damaged or truncated, so training cannot resume from it ({type(exc).__name__}: "
+                             f"{detail}); start over in an empty --out") from None
+    keys = {"head", "optimizer", "schedule", "generator", "step", "log"}
+    if not isinstance(state, dict) or not keys <= set(state) or not isinstance(state["log"], dict):
+        raise InputFileError(f"{path} is not a genspec training checkpoint (it lacks {', '.join(sorted(keys))})")
+    if config is None:
+        return state
+    saved, wanted = state["log"].get("config") or {}, config.as_dict()
+    differences = [f"{key}: {saved.get(key)!r} in the checkpoint, {value!r} asked" for key, value in wanted.items()
+                   if _plain(saved.get(key)) != _plain(value)]
+    if differences:
+        raise ConfigError(f"{path} trains a speculator of another shape ({'; '.join(differences)}): resume with the "
+                          f"options it was started with, or train into another --out")
+    return state
+
+
+def _plain(value):
+    """Tuples as lists, so that a setting compares equal however it was stored."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 @torch.no_grad()
