@@ -67,14 +67,15 @@ class Backend(str, enum.Enum):
             raise ConfigError(f"unknown backend {value!r}; choose from: {', '.join(b.value for b in cls)}") from None
 
 
-def resolve_backend(path: str | None, backend: "str | Backend" = Backend.AUTO) -> Backend:
-    """The backend that will run the model at ``path`` (None: the embedded one), ``auto`` resolved."""
+def resolve_backend(path: str | None, backend: "str | Backend" = Backend.AUTO, dtype: str = "float32") -> Backend:
+    """The backend that will run the model at ``path`` (None: the embedded one), ``auto`` resolved (a dtype
+    other than float32 is the torch backend's: a GGUF file keeps its own quantisation)."""
     backend = Backend.parse(backend)
     is_gguf = path is not None and str(path).endswith(".gguf")
     if backend is Backend.AUTO:
         if is_gguf:
             return Backend.LLAMACPP
-        if path is None and importlib.util.find_spec("llama_cpp") is not None:
+        if path is None and dtype == "float32" and importlib.util.find_spec("llama_cpp") is not None:
             return Backend.LLAMACPP
         return Backend.TORCH
     if backend is Backend.TORCH and is_gguf:
@@ -90,7 +91,7 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
     """A target model from a local directory or GGUF file, or the embedded default (Gemma 3 270M) if ``path``
     is None, on ``backend`` (see :class:`Backend`). A dtype or device that cannot work is refused before anything
     loads; ``max_rows`` sizes a llamacpp model's sequences (default 8)."""
-    backend = resolve_backend(path, backend)
+    backend = resolve_backend(path, backend, dtype)
     parse_device(device)
     if backend is Backend.LLAMACPP:
         if dtype != "float32":

@@ -11,7 +11,7 @@ from tiny_models import save_tiny_model
 
 from genspec.bench import analysis
 from genspec.cli.bench import QUICK
-from genspec.bench.methods import HF_PLAIN, PLAIN, parse_method, parse_methods, split_top_level, sweep_methods
+from genspec.bench.methods import HF_PLAIN, PLAIN, REFERENCES, parse_method, parse_methods, split_top_level, sweep_methods
 from genspec.bench.plots import write_plots
 from genspec.bench.report import write_report
 from genspec.cli import main
@@ -318,10 +318,13 @@ def check_bench_output(out, expect_sweep: bool = True, raw: bool = True) -> dict
     for key in ("cpu_model", "logical_cores", "torch", "transformers", "python", "torch_threads"):
         assert results["machine"][key]
     assert results["model"]["path"] and results["model"]["vocab_size"] > 0
-    kernels = results["model"]["lm_head_kernels"]  # a tiny model's head is not timed: nothing chosen
-    assert kernels is None or all(k in ("gemm", "packed", "chunked") for k in kernels.values())
+    backend = results["settings"]["backend"]
+    assert results["model"]["backend"] == backend
+    if backend == "torch":
+        kernels = results["model"]["lm_head_kernels"]  # a tiny model's head is not timed: nothing chosen
+        assert kernels is None or all(k in ("gemm", "packed", "chunked") for k in kernels.values())
     names = [m["name"] for m in results["methods"]]
-    assert names[:2] == [PLAIN, HF_PLAIN]
+    assert names[:2] == [PLAIN, REFERENCES[backend]]
     keys = RUN_KEYS if raw else RUN_KEYS - {"token_ids", "steps"}
     for run in results["runs"]:
         assert keys <= set(run)

@@ -172,7 +172,7 @@ def test_real_default_model_speculative_equals_plain():
     """Loads Gemma 3 270M through genspec and decodes 12 greedy tokens with and without a drafter."""
     import genspec
 
-    target = genspec.load_model()
+    target = genspec.load_model(backend="torch")
     assert target.vocab_size == 262144
     prompt = "The capital of France is Paris. The capital of France is"
     plain = genspec.SpeculativeEngine(target).generate(prompt, max_new_tokens=12)[0]

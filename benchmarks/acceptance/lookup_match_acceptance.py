@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args()
 
-    engine = genspec.load(drafter="prompt-lookup")
+    engine = genspec.load(drafter="prompt-lookup", backend="torch")
     stats = collections.defaultdict(lambda: [0, 0, 0])  # n -> drafts, accepted, hits
     sampled = {"temperature": args.temperature, "top_p": 0.9, "seed": 0} if args.temperature > 0 else {}
     for prompt in load_spec_bench(args.categories.split(","), args.num_prompts, skip=args.skip_prompts):

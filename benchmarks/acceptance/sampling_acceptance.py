@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     prompts = []
     for category in CATEGORIES:
         chosen = load_spec_bench([category], args.first - 1 + args.num_prompts)[args.first - 1:]

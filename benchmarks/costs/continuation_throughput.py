@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--drafters", default="none,prompt-lookup")
     args = parser.parse_args()
     torch.manual_seed(0)
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     measured = {q.question_id for q in load_spec_bench(per_category=BENCH_PROMPTS_EXCLUDED)}
     prompts = [encode_prompt(p.text, target.tokenizer) for p in load_spec_bench() if p.question_id not in measured]
     prompts = sorted((p for p in prompts if len(p) <= args.max_prompt_tokens), key=len)

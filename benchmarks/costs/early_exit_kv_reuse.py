@@ -25,7 +25,7 @@ def run(engine, ids, **options):
 
 
 def main() -> None:
-    engine = genspec.load(drafter="none")
+    engine = genspec.load(drafter="none", backend="torch")
     target = engine.target
     prompts = [encode_prompt(p.text, engine.tokenizer) for p in load_spec_bench(["summarization", "writing"], 1)]
     run(engine, prompts[0])  # warm-up

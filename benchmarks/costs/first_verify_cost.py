@@ -15,7 +15,7 @@ from genspec.drafters.head import HeadDrafter
 
 
 def main() -> None:
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     engine = SpeculativeEngine(target, HeadDrafter.for_target(target))
     prompt = [p for p in load_spec_bench() if p.category == "qa"][2]  # a prompt genspec bench does not measure
     engine.add_request(encode_prompt(prompt.text, target.tokenizer),

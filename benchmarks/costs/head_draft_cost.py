@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args()
     torch.manual_seed(0)
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     shipped, vocab = load_for_target(target, None, "head")
     depths = [int(x) for x in args.layers.split(",")]
     lengths = [int(x) for x in args.tokens.split(",")]

@@ -19,7 +19,7 @@ parser.add_argument("--out")
 parser.add_argument("--attention-only", action="store_true",
                     help="the layers without their MLPs (head_inputs.attention_only; the layers' count must be <= 6)")
 args = parser.parse_args()
-target = genspec.load_model(None)
+target = genspec.load_model(None, backend="torch")
 if args.attention_only:
     from head_inputs import attention_only
 

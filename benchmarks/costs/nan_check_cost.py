@@ -37,7 +37,7 @@ def median_seconds(function, repeats: int = 20) -> float:
 
 
 def cost() -> None:
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     generator = torch.Generator().manual_seed(0)
     for rows, width in ((1, 1), (1, 9), (4, 1), (4, 9)):
         target.reset(0)

@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     weight = target.model.get_output_embeddings().weight.detach()
     _, shipped = load_for_target(target, None, "head")
     extra = torch.randperm(weight.shape[0], generator=torch.Generator().manual_seed(0))

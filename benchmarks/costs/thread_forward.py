@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     import genspec
 
-    target = genspec.load_model()
+    target = genspec.load_model(backend="torch")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rows} rows x 1 token after "
           f"{args.context} tokens, median of 25")
     print(f"main thread (loaded the model):     {forward_ms(target, args.rows, args.context):6.1f} ms")
@@ -58,7 +58,7 @@ def main() -> None:
     print(f"main thread again:                  {forward_ms(target, args.rows, args.context):6.1f} ms")
     del target
     print(f"one other thread loads and runs it: "
-          f"{in_thread(lambda: forward_ms(genspec.load_model(), args.rows, args.context)):6.1f} ms")
+          f"{in_thread(lambda: forward_ms(genspec.load_model(backend="torch"), args.rows, args.context)):6.1f} ms")
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     widths = args.widths
 
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     head = target.lm_head
     block = block_runner(target, max(widths))
 

@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=24, help="held-out prompts measured (the first N)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     prompts = Sequences.load(f"{args.run}/{SEQUENCES}").held_out_prompts()
     print(f"# {len(prompts)} held-out prompts in {args.run}; measuring the first {args.prompts}", flush=True)
     for name, path in (("other" if args.other else "shipped", args.other), ("run", args.run)):

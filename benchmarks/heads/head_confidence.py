@@ -26,7 +26,7 @@ parser.add_argument("--scales", default="0.7,0.85,1.0,1.15,1.3,1.5,2.0")
 parser.add_argument("--out", default=None)
 args = parser.parse_args()
 scales = [float(s) for s in args.scales.split(",")]
-target = genspec.load_model(None)
+target = genspec.load_model(None, backend="torch")
 head, vocab_ids = load_for_target(target, None, "head")
 head = head.float().eval()
 vocab = torch.tensor(vocab_ids)

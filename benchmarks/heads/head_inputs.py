@@ -78,7 +78,7 @@ def attention_only(target, layers: int = ATTENTION_ONLY):
 
 
 def record(sequences: str, outputs: str, path: str) -> None:
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     data = Sequences.load(sequences)
     data.split(0)
     answers = json.load(open(outputs))
@@ -191,7 +191,7 @@ def train(path: str, variant: str, steps: int) -> None:
     first_name, second_name = variant.split("+")
     first_parts = FUSED if first_name == "fused" else ["final"]
     second = second_name if second_name in ("embedding", "attn6") else int(second_name)
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     vocab = torch.as_tensor(saved["vocab_ids"])
     teacher = Teacher(target.subset_head(vocab), target.model.get_input_embeddings(),
                       local_ids(saved["vocab_ids"], target.vocab_size))

@@ -14,7 +14,7 @@ from genspec.drafters.trained import load_for_target
 from genspec.train.data import held_out_acceptance
 
 torch.manual_seed(0)
-target = genspec.load_model(None)
+target = genspec.load_model(None, backend="torch")
 prompts = load_spec_bench(skip=2, per_category=2)
 ids = [encode_prompt(p.text, target.tokenizer) for p in prompts]
 cats = [p.category for p in prompts]

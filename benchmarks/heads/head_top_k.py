@@ -18,7 +18,7 @@ from head_answers import ANSWERS, teacher_forced
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--outputs", default=ANSWERS)
 args = parser.parse_args()
-target = genspec.load_model(None)
+target = genspec.load_model(None, backend="torch")
 head, vocab_ids = load_for_target(target, None, "head")
 head = head.float().eval()
 vocab = torch.tensor(vocab_ids)

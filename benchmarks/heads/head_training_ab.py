@@ -80,7 +80,7 @@ def main() -> None:
                         help="extra teacher-forced text for data=plus-text variants (as genspec train --data)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     data = Sequences.load(args.sequences)
     started = time.perf_counter()
     features = record_features(target, data.sequences)

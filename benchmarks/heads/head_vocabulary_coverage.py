@@ -14,7 +14,7 @@ from genspec.drafters.trained import load_for_target
 from head_answers import teacher_forced
 
 torch.manual_seed(0)
-target = genspec.load_model(None)
+target = genspec.load_model(None, backend="torch")
 V = target.vocab_size
 head, shipped = load_for_target(target, None, "head"); head = head.float().eval()
 t0 = time.time()

@@ -21,7 +21,7 @@ parser.add_argument("--heads", default="shipped", help="comma-separated head dir
 parser.add_argument("--out", help="also write the figures here (JSON)")
 args = parser.parse_args()
 
-target = genspec.load_model(None)
+target = genspec.load_model(None, backend="torch")
 prompts = Sequences.load(args.sequences).held_out_prompts()[:8]
 figures = {}
 for name in args.heads.split(","):

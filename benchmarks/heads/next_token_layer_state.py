@@ -40,7 +40,7 @@ args = parser.parse_args()
 LAYERS = [int(x) for x in args.layers.split(",")]
 STEPS = args.steps
 torch.manual_seed(0)
-target = genspec.load_model(None)
+target = genspec.load_model(None, backend="torch")
 _, vocab_ids = load_for_target(target, None, "head")
 vocab = torch.tensor(vocab_ids)
 teacher = Teacher(target.subset_head(vocab), target.model.get_input_embeddings(), local_ids(vocab_ids, target.vocab_size))

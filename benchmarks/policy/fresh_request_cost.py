@@ -58,7 +58,7 @@ def main() -> None:
     lengths = [int(n) for n in args.lengths.split(",") if n]
     categories = args.categories.split(",") if args.categories else None
 
-    target = genspec.load_model(None)
+    target = genspec.load_model(None, backend="torch")
     prompts = load_spec_bench(categories, per_category=1, skip=2)
     encoded = [(p, encode_prompt(p.text, target.tokenizer)) for p in prompts]
     drafters = {name: genspec.build_drafter(name, target) for name in drafter_names}

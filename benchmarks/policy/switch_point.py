@@ -34,7 +34,7 @@ def main() -> None:
     import genspec
     from genspec.calibration import measure_verify_costs
 
-    target = genspec.load_model()
+    target = genspec.load_model(backend="torch")
     costs = CostModel()
     measure_verify_costs(target, costs, batches=batches, progress=lambda text: print(text, flush=True))
     widths = (1, 2, 3, 5, 9)

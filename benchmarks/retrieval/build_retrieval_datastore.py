@@ -38,7 +38,7 @@ def main() -> int:
         seen[prompt.category] = seen.get(prompt.category, 0) + 1
         if args.skip < seen[prompt.category] <= args.skip + args.per_category:
             held_out.append(prompt)
-    engine = genspec.load(drafter="prompt-lookup")
+    engine = genspec.load(drafter="prompt-lookup", backend="torch")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     started, tokens = time.perf_counter(), 0

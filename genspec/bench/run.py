@@ -47,9 +47,7 @@ def machine_info() -> dict:
 
 
 def model_info(path, target) -> dict:
-    from genspec.models.hf import HFCausalLM
-
-    if not isinstance(target, HFCausalLM):  # a GGUF file on llama.cpp
+    if target.backend == "llamacpp":  # a GGUF file on llama.cpp
         return {"path": str(path), "backend": "llamacpp", "vocab_size": target.vocab_size,
                 "max_context": target.max_context, "max_rows": target.max_rows}
     config = getattr(target.model, "config", None)

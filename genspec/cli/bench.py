@@ -132,7 +132,7 @@ def resolve_settings(args) -> dict:
         raise InputFileError(f"no draft model at {args.draft_model}: expected a directory")
     from genspec.api import resolve_backend
 
-    backend = resolve_backend(args.model, args.backend).value
+    backend = resolve_backend(args.model, args.backend, args.dtype).value
     methods_text = args.methods if args.methods is not None else (
         QUICK_METHODS[backend] if args.quick else
         DEFAULT_METHODS[backend] + (WITH_DRAFT_MODEL if args.draft_model and backend == "torch" else ""))

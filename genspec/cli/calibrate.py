@@ -42,7 +42,7 @@ def run_search(args) -> int:
     if k < 1:  # before the (slow) model load
         raise ConfigError(f"num_draft_tokens must be >= 1, got {k}")
     check_output_file(args.out, "--out file")
-    target = genspec.load_model(args.model)
+    target = genspec.load_model(args.model, backend="torch")
     search, key = (search_early_exit, "exit_layer") if args.what == "early-exit" else (search_layer_skip, "skip")
     with console.status("") as status:
         payload = search(target, k, args.tokens, progress=status.update)
@@ -61,7 +61,7 @@ def run_draft_vocab(args) -> int:
         raise ConfigError(f"--size must be >= 1, got {args.size}")
     texts = read_corpus_files(args.corpus)
     check_output_file(args.out, "--out file")
-    target = genspec.load_model(args.model)
+    target = genspec.load_model(args.model, backend="torch")
     vocab = draft_vocabulary(target, args.size, texts=texts or None)
     _write_json(args.out, vocab)
     print(f"{len(vocab['token_ids'])} token ids covering {vocab['coverage']:.1%} of the {vocab['source']}; "

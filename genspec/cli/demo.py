@@ -21,7 +21,11 @@ TRUSTED_SPREAD = 0.25
 
 def add_parser(subparsers) -> None:
     demo = subparsers.add_parser("demo", help="plain vs speculative decoding on the embedded default model")
-    demo.add_argument("--model", metavar="PATH", help="local model directory (default: embedded Gemma 3 270M)")
+    from genspec.cli.generate import add_backend_argument
+
+    demo.add_argument("--model", metavar="PATH", help="local model directory or .gguf file (default: embedded "
+                                                      "Gemma 3 270M)")
+    add_backend_argument(demo)
     demo.add_argument("--drafter", default="prompt-lookup")
     demo.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
     demo.add_argument("--num-draft-tokens", "-k", type=int, default=None, metavar="K",
@@ -123,7 +127,7 @@ def run_demo(args) -> int:
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
                               draft_length=args.draft_length)
     with console.status("loading the model (the first run converts the embedded model, about a minute)"):
-        target = genspec.load_model(args.model)
+        target = genspec.load_model(args.model, backend=args.backend)
         drafter = genspec.build_drafter(args.drafter, target, **options)
     plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter)
     k = args.num_draft_tokens or drafter.default_draft_tokens
@@ -140,10 +144,11 @@ def run_demo(args) -> int:
     ok = all(r["greedy_outputs_match"] for r in rows)
     note = noise_note(rows, args.repeats)
     if args.json:
-        print(dumps({"drafter": args.drafter, "num_draft_tokens": k, "repeats": args.repeats,
+        print(dumps({"backend": target.backend,
+                     "drafter": args.drafter, "num_draft_tokens": k, "repeats": args.repeats,
                      "trusted_spread": TRUSTED_SPREAD, "note": note, "results": rows}))
         return 0 if ok else 1
-    table = Table(title=f"genspec demo: plain vs {args.drafter} (greedy, k={k}, {args.max_new_tokens} new tokens; "
+    table = Table(title=f"genspec demo on {target.backend}: plain vs {args.drafter} (greedy, k={k}, {args.max_new_tokens} new tokens; "
                         f"median of {args.repeats} alternating run(s) each)")
     for column in ("prompt", "plain tok/s", "speculative tok/s", "speedup", "speedup range", "acceptance",
                    "mean accepted", "outputs match"):

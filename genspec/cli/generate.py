@@ -92,11 +92,11 @@ def check_model(model: str | None, dtype: str, max_new_tokens: int, backend: str
     metadata)."""
     from genspec.api import Backend, check_dtype, model_context, resolve_backend
 
-    if resolve_backend(model, backend) is Backend.TORCH:
+    if resolve_backend(model, backend, dtype) is Backend.TORCH:
         check_dtype(model, dtype)
     elif dtype != "float32":
         raise ConfigError(f"--dtype {dtype} applies to the torch backend; a GGUF model keeps its own quantisation")
-    context = model_context(model, backend)
+    context = model_context(model, resolve_backend(model, backend, dtype))
     if context is not None and max_new_tokens >= context:
         raise ContextLengthError(f"--max-new-tokens {max_new_tokens} does not fit the model's context of {context} "
                                  f"tokens (prompt included)")

@@ -148,7 +148,7 @@ def run_serve(args) -> int:
     security = security_settings(args)
     from genspec.api import resolve_backend
 
-    model_backend = resolve_backend(args.model, args.model_backend).value  # a bad pair fails before loading
+    model_backend = resolve_backend(args.model, args.model_backend, args.dtype).value  # a bad pair fails early
     settings = {"model": args.model, "model_backend": model_backend, "drafter": args.drafter,
                 "draft_model": args.draft_model, "dtype": args.dtype,
                 "extra_drafters": extra_drafters(args.extra_drafter),

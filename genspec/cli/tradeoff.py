@@ -22,7 +22,11 @@ def add_parser(subparsers) -> None:
                     "bias TV(b p + R P, q). Prints per setting: rejection_rate, mean_accepted_length, "
                     "tokens_per_second, bias_tv, pareto_bias (Theorem 5's least bias at the same rejections) and "
                     "win_rate (OPT over UNO, same prompts and seeds). Lossy rules need temperature > 0.")
-    parser.add_argument("--model", metavar="PATH", help="local model directory (default: embedded Gemma 3 270M)")
+    parser.add_argument("--model", metavar="PATH", help="local model directory or .gguf file (default: embedded "
+                                                        "Gemma 3 270M)")
+    parser.add_argument("--backend", default="torch", choices=["auto", "torch", "llamacpp"],
+                        help="what runs the target (default torch: the default drafter, head, reads its hidden "
+                             "states; llamacpp for a model-free drafter on a GGUF file)")
     parser.add_argument("--drafter", default="head",
                         help="a chain drafter (default head: the shipped head, which samples drafts with its law)")
     parser.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
@@ -98,7 +102,7 @@ def run_tradeoff(args) -> int:
     started = time.perf_counter()
     with console.status("loading the model and the drafter"):
         engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
-                              **options)
+                              backend=args.backend, **options)
     if engine.drafter.max_candidates > 1:
         raise ConfigError(f"drafter {args.drafter!r} drafts trees (up to {engine.drafter.max_candidates} candidates); "
                           f"bias is measured on chain drafts: drop its tree option")

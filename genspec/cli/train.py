@@ -165,7 +165,7 @@ def run(args) -> int:
     given, texts = _check_files(args, out)
     console = Console(stderr=True)
     torch.manual_seed(args.seed)
-    target = genspec.load_model(args.model)
+    target = genspec.load_model(args.model, backend="torch")
     if not isinstance(target, HFCausalLM):
         raise ConfigError(f"genspec train {args.kind} needs a Hugging Face model directory (it reads hidden states)")
     token_layers = getattr(args, "token_layers", 0)

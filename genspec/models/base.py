@@ -39,6 +39,8 @@ class CausalLM(ABC):
     vocab_size: int
     #: maximum sequence length (prompt + generated) or None if unbounded
     max_context: int | None = None
+    #: what runs the model (``genspec.Backend``'s values: "torch", "llamacpp"; another adapter names itself)
+    backend: str = "custom"
     #: the most rows the model can hold at once (a fixed number of KV sequences), or None if unbounded;
     #: the engine caps its running batch by it
     max_rows: int | None = None

@@ -83,6 +83,8 @@ class HFCausalLM(CausalLM):
     """A transformers causal LM with genspec's slot cache. Build with :meth:`from_pretrained` or
     wrap an already loaded model: ``HFCausalLM(model)``."""
 
+    backend = "torch"
+
     def __init__(self, model, tokenizer=None, fast_kernels: bool = True, decoder=None,
                  lm_head: LMHead | None = None, vocab_subset: torch.Tensor | None = None,
                  final_norm: torch.nn.Module | None = None):

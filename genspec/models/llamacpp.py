@@ -74,6 +74,8 @@ class LlamaCppLM(CausalLM):
     ``threads`` CPU threads (default: all cores this process may use); ``device`` other than ``cpu`` offloads
     every layer to the GPU backend llama.cpp was built with (none: it stays on the CPU)."""
 
+    backend = "llamacpp"
+
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
                  threads: int | None = None, device: str = "cpu"):
         llama_cpp = _import_llama_cpp()
