@@ -91,3 +91,25 @@ def test_bad_demo_arguments_are_one_line_before_loading(capsys, argv, message):
     assert main(["demo", "--model", "/nonexistent/model", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_greedy_mismatch_fails_the_demo_only_on_a_batch_invariant_target():
+    from types import SimpleNamespace
+
+    from genspec.cli.demo import greedy_check_passes
+
+    assert greedy_check_passes(True, SimpleNamespace(batch_invariant=True))
+    assert not greedy_check_passes(False, SimpleNamespace(batch_invariant=True))
+    assert greedy_check_passes(False, SimpleNamespace(batch_invariant=False))  # llama.cpp: reported, not failed
+
+
+def test_demo_on_a_gguf_file_runs_on_llamacpp(capsys, tmp_path):
+    pytest.importorskip("llama_cpp")
+    from tiny_gguf import write_tiny_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, context=1024)
+    assert main(["demo", "--model", str(path), "--repeats", "1", "--max-new-tokens", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"] == "llamacpp"
+    assert all(row["greedy_outputs_match"] for row in report["results"])  # float32 weights: no flips

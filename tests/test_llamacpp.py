@@ -278,3 +278,43 @@ def test_bench_refuses_methods_of_the_other_backend(tiny_gguf, capsys):
     assert "needs --backend torch" in capsys.readouterr().err
     assert main(["bench", "--backend", "torch", "--methods", "llamacpp-lookup"]) == 2
     assert "needs --backend llamacpp" in capsys.readouterr().err
+
+
+def test_serve_on_a_gguf_file(tiny_gguf):
+    """``genspec serve`` on the llamacpp backend (load_engine as the CLI calls it), over real HTTP on loopback:
+    four concurrent greedy completions (rows as llama.cpp sequences in one batch, speculation on) each equal
+    genspec's plain decoding of its prompt, and the server holds no row afterwards."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    import uvicorn
+    from test_serve import _free_port
+
+    from genspec.serve.app import create_app, load_engine
+
+    path, _, _ = tiny_gguf
+    settings = {"model": str(path), "model_backend": "auto", "drafter": "prompt-lookup", "draft_model": None,
+                "dtype": "float32", "extra_drafters": {}, "drafter_options": {}, "max_batch_size": 4,
+                "measure_costs": False}
+    engine = load_engine(settings)
+    assert engine.target.backend == "llamacpp" and engine.max_batch_size == 4
+    prompts = ["abcabcabcab", "hello hello hel", "xyz xyz xy", "12121212"]
+    expected = [genspec.load(str(path), drafter="none").generate(p, max_new_tokens=16)[0].text for p in prompts]
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, "tiny"), host="127.0.0.1", port=port,
+                                           log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            thread.join(0.02)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+        with ThreadPoolExecutor(4) as pool:
+            texts = list(pool.map(lambda p: client.completions.create(model="tiny", prompt=p, max_tokens=16,
+                                                                       temperature=0).choices[0].text, prompts))
+        assert texts == expected
+        assert engine.target.num_rows == 0
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

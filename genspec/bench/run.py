@@ -120,11 +120,19 @@ def execute(s: dict, prompts, console, command: str) -> dict:
             decoders[spec.name] = HFDecoder(spec, hf_model, clock, log, eos, pad,
                                             assistant if spec.base == "hf-assisted" else None,
                                             num_layers=target.num_layers)
-    for spec in (m for m in main_specs if m.kind == "llamacpp"):
+    llamacpp_specs = [m for m in main_specs if m.kind == "llamacpp"]
+    if llamacpp_specs:
         from genspec.bench.llamacpp_baselines import LlamaCppDecoder
 
-        with console.status(f"loading llama-cpp-python's own Llama for {spec.name}"):
-            decoders[spec.name] = LlamaCppDecoder(spec, model_path, eos, context=target.max_context)
+        # llama-cpp-python keeps the logits of every position of its context when it drafts (4 bytes x 262,144
+        # a token on the embedded model): its context is the run's longest prompt and answer, not the model's
+        longest = max(len(ids) for ids in encode_all(prompts, target.tokenizer)) + s["max_new_tokens"] + 64
+        if any(p.follows is not None for p in prompts):  # a second turn holds the first and its answer
+            longest *= 2
+        context = min(target.max_context or longest, -(-longest // 256) * 256)
+        for spec in llamacpp_specs:
+            with console.status(f"loading llama-cpp-python's own Llama for {spec.name}"):
+                decoders[spec.name] = LlamaCppDecoder(spec, model_path, eos, context=context)
     main = [decoders[m.name] for m in main_specs]
     if s["sweep_method"] and s["sweep_method"].name not in {m.name for m in main_specs}:
         sweep_decoders.append(decoders[s["sweep_method"].name])

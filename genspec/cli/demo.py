@@ -106,6 +106,13 @@ def noise_note(rows: list[dict], repeats: int) -> str | None:
             f"rerun on an idle machine or with more --repeats")
 
 
+def greedy_check_passes(match: bool, target) -> bool:
+    """Whether the demo's greedy check passes: speculative outputs equal plain ones, or the target is not batch
+    invariant (its kernels round a block of tokens differently from one token, so a near-tie may flip: the
+    mismatch is reported, not a failure)."""
+    return match or not target.batch_invariant
+
+
 def run_demo(args) -> int:
     import genspec
     from genspec.api import check_drafter
@@ -141,7 +148,8 @@ def run_demo(args) -> int:
 
         runs = measure(plain, spec, DEMO_PROMPTS, config, args.repeats, on_run)
     rows = [summarize(name, *results) for name, results in runs.items()]
-    ok = all(r["greedy_outputs_match"] for r in rows)
+    match = all(r["greedy_outputs_match"] for r in rows)
+    ok = greedy_check_passes(match, target)
     note = noise_note(rows, args.repeats)
     if args.json:
         print(dumps({"backend": target.backend,
@@ -165,6 +173,12 @@ def run_demo(args) -> int:
     Console(stderr=args.json, width=max(120, console.width)).print(table)
     if note:
         console.print(f"[yellow]note: {note}[/yellow]")
-    console.print("greedy speculative outputs equal plain outputs token for token" if ok else
-                  "[red]some greedy outputs differ from plain decoding[/red]")
+    if match:
+        console.print("greedy speculative outputs equal plain outputs token for token")
+    elif ok:
+        console.print(f"[yellow]some greedy outputs differ from plain decoding where they meet a near-tie: "
+                      f"{target.backend}'s kernels round a block of tokens differently from one token "
+                      f"(see the manual's Backends page)[/yellow]")
+    else:
+        console.print("[red]some greedy outputs differ from plain decoding[/red]")
     return 0 if ok else 1

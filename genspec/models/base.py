@@ -41,6 +41,11 @@ class CausalLM(ABC):
     max_context: int | None = None
     #: what runs the model (``genspec.Backend``'s values: "torch", "llamacpp"; another adapter names itself)
     backend: str = "custom"
+    #: a position's logits are the same whatever block computes them (up to float rounding that, in practice,
+    #: flips no greedy token), so greedy speculation reproduces plain greedy decoding token for token. False:
+    #: the model's kernels round a k-token block measurably differently from one token (llama.cpp's quantised
+    #: ones), and a near-tie can flip a greedy token
+    batch_invariant: bool = True
     #: the most rows the model can hold at once (a fixed number of KV sequences), or None if unbounded;
     #: the engine caps its running batch by it
     max_rows: int | None = None

@@ -75,6 +75,10 @@ class LlamaCppLM(CausalLM):
     every layer to the GPU backend llama.cpp was built with (none: it stays on the CPU)."""
 
     backend = "llamacpp"
+    # llama.cpp's quantised kernels take other paths for a block of tokens than for one (and with other rows in
+    # the batch): on the embedded Q4_K_M model a 4-token block's logits differ by up to 1.5 from four one-token
+    # steps over the same cache, and 3 of 128 greedy tokens flipped (benchmarks/costs/llamacpp_verify_cost.py)
+    batch_invariant = False
 
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
                  threads: int | None = None, device: str = "cpu"):
