@@ -48,7 +48,8 @@ def machine_info() -> dict:
 
 def model_info(path, target) -> dict:
     if target.backend == "llamacpp":  # a GGUF file on llama.cpp
-        return {"path": str(path), "backend": "llamacpp", "vocab_size": target.vocab_size,
+        return {"path": str(path), "backend": "llamacpp", "architecture": target.description,
+                "num_layers": target.num_layers, "vocab_size": target.vocab_size, "dtype": "GGUF",
                 "max_context": target.max_context, "max_rows": target.max_rows}
     config = getattr(target.model, "config", None)
     head = target.lm_head

@@ -17,6 +17,7 @@ need the torch backend; they say so when built for this one.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -56,8 +57,6 @@ def _quiet_backend(llama_cpp) -> None:
     global _BACKEND_READY, _LOG_CALLBACK
     if _BACKEND_READY:
         return
-    import ctypes
-
     @llama_cpp.llama_log_callback
     def _ignore(level, text, user_data):  # noqa: ARG001
         return None
@@ -134,6 +133,11 @@ class LlamaCppLM(CausalLM):
         self._memory = llama_cpp.llama_get_memory(self._context)
         self._batch_size = int(params.n_batch)
         self._batch = llama_cpp.llama_batch_init(self._batch_size, 0, self._num_sequences)
+        described = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model, described, 256)
+        #: llama.cpp's description of the model: architecture, size and quantisation ("gemma3 270M Q4_K - Medium")
+        self.description = described.value.decode("utf-8", "replace")
+        self.num_layers = int(llama_cpp.llama_model_n_layer(self._model))
         eos = {int(llama_cpp.llama_vocab_eos(vocab)), int(llama_cpp.llama_vocab_eot(vocab))}
         self._eos = tuple(sorted(i for i in eos if 0 <= i < self.vocab_size))
         self.reset(0)
