@@ -22,38 +22,17 @@ import uvicorn
 import genspec
 from genspec.cli import main
 from genspec.cli.serve import security_settings
-from genspec.drafters.base import Draft, Drafter
+
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.serve.app import create_app
 from genspec.serve.security import ServeSecurity, TokenBucket, hash_key, is_loopback, uvicorn_options
 
+from test_serve import _free_port, _Gate  # noqa: E402 - the server tests' loopback port and gate drafter
+
 KEY, OTHER_KEY = "sk-test-0123456789", "sk-second-key"
 PROMPT = "abcabcabc def def abc"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Gate(Drafter):
-    """Drafts nothing; its first call blocks the engine's thread until ``release`` is set (after setting
-    ``entered``): a test can hold a stream open for as long as it needs."""
-
-    name = "gate"
-    free = True
-
-    def __init__(self):
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def propose(self, requests):
-        self.entered.set()
-        self.release.wait(timeout=60)
-        return Draft.from_chains([[] for _ in requests])
-
 
 class Served:
     """A server with ``security`` in a thread on loopback: ``url``, ``app``, ``gate``, ``client(key)``."""
@@ -82,7 +61,6 @@ class Served:
         self.server.should_exit = True
         self.thread.join(timeout=30)
 
-
 @pytest.fixture(scope="module")
 def keyed(tiny_model_dir):
     server = Served(tiny_model_dir, ServeSecurity.with_keys([KEY, OTHER_KEY], max_prompt_tokens=40, max_tokens=64,
@@ -92,10 +70,8 @@ def keyed(tiny_model_dir):
     yield server
     server.stop()
 
-
 def _auth(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
-
 
 # ------------------------------------------------------------------------------ keys
 def test_a_missing_or_wrong_key_is_401_on_every_v1_route_and_on_metrics(keyed):
@@ -118,7 +94,6 @@ def test_a_missing_or_wrong_key_is_401_on_every_v1_route_and_on_metrics(keyed):
     assert httpx.get(keyed.url + "/health").json() == {"status": "ok"}
     assert httpx.get(keyed.url + "/").status_code == 200
 
-
 def test_the_right_key_works_with_the_openai_client(keyed):
     for key in (KEY, OTHER_KEY):
         client = keyed.client(key)
@@ -137,7 +112,6 @@ def test_the_right_key_works_with_the_openai_client(keyed):
     assert metrics.status_code == 200 and "genspec:request_failure_total" in metrics.text
     assert 'reason="unauthorized"' in metrics.text
 
-
 def test_metrics_public_opens_metrics_only(tiny_model_dir):
     server = Served(tiny_model_dir, ServeSecurity.with_keys([KEY], metrics_public=True))
     try:
@@ -146,11 +120,9 @@ def test_metrics_public_opens_metrics_only(tiny_model_dir):
     finally:
         server.stop()
 
-
 def test_only_digests_of_the_keys_are_kept():
     settings = ServeSecurity.with_keys([KEY])
     assert settings.api_key_sha256 == (hash_key(KEY),) and KEY not in repr(settings)
-
 
 # ------------------------------------------------------------------------------ limits
 @pytest.mark.parametrize("path, body, param, fragment", [
@@ -173,12 +145,10 @@ def test_each_limit_answers_400_with_an_openai_error(keyed, path, body, param, f
               "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 8}}
     assert httpx.post(keyed.url + path, json=inside[path], headers=_auth(KEY)).status_code == 200
 
-
 def test_a_chat_without_max_tokens_defaults_within_the_limit(keyed):
     response = keyed.client(KEY).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}],
                                                          temperature=0)
     assert response.usage.completion_tokens <= 64
-
 
 def test_streams_per_key_past_the_limit_get_429_and_a_finished_or_abandoned_stream_frees_its_slot(keyed):
     """One stream per key: the first (held still by the gate drafter) takes the slot; a second stream with
@@ -228,7 +198,6 @@ def test_streams_per_key_past_the_limit_get_429_and_a_finished_or_abandoned_stre
         time.sleep(0.05)
     assert httpx.post(keyed.url + "/v1/completions", json=stream_body, headers=_auth(KEY)).status_code == 200
 
-
 def test_the_rate_limit_answers_429_with_retry_after_per_key(tiny_model_dir):
     """3 requests per minute: a key's first three are served, its fourth gets 429 with Retry-After (the
     bucket refills one request per 20 s, so about 20 s); another key is not affected."""
@@ -246,7 +215,6 @@ def test_the_rate_limit_answers_429_with_retry_after_per_key(tiny_model_dir):
         assert httpx.get(server.url + "/v1/models", headers=_auth(KEY)).status_code == 200  # not rate limited
     finally:
         server.stop()
-
 
 def test_the_token_rate_limit_counts_prompt_and_max_tokens(tiny_model_dir):
     """100 tokens per minute; each request may use 21 prompt + 30 completion tokens = 51 (charged when it is
@@ -266,7 +234,6 @@ def test_the_token_rate_limit_counts_prompt_and_max_tokens(tiny_model_dir):
     finally:
         server.stop()
 
-
 def test_a_token_bucket_refills_evenly_over_a_minute():
     bucket = TokenBucket(60, now=0.0)
     assert bucket.wait(60) == 0
@@ -276,7 +243,6 @@ def test_a_token_bucket_refills_evenly_over_a_minute():
     bucket.refill(now=1000.0)
     assert bucket.level == 60  # never above its capacity
 
-
 def test_without_keys_limits_count_by_client_address(tiny_model_dir):
     server = Served(tiny_model_dir, ServeSecurity(requests_per_minute=1))
     try:
@@ -285,7 +251,6 @@ def test_without_keys_limits_count_by_client_address(tiny_model_dir):
         assert httpx.post(server.url + "/v1/completions", json=body).status_code == 429
     finally:
         server.stop()
-
 
 # ------------------------------------------------------------------------------ CORS
 def test_cors_is_off_by_default_and_allows_only_the_named_origins(keyed, tiny_model_dir):
@@ -310,18 +275,15 @@ def test_cors_is_off_by_default_and_allows_only_the_named_origins(keyed, tiny_mo
     finally:
         server.stop()
 
-
 # ------------------------------------------------------------------------------ binding and the CLI
 def _args(*argv) -> argparse.Namespace:
     from genspec.cli import build_parser
 
     return build_parser().parse_args(["serve", *argv])
 
-
 def test_loopback_addresses():
     assert all(is_loopback(h) for h in ("127.0.0.1", "::1", "[::1]", "localhost", "127.0.0.2"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.1.2.3", "192.168.0.1"))
-
 
 def test_a_non_loopback_bind_without_a_key_refuses_before_loading_anything(capsys, tmp_path):
     assert main(["serve", "--host", "0.0.0.0", "--model", str(tmp_path / "nowhere")]) == 2
@@ -329,7 +291,6 @@ def test_a_non_loopback_bind_without_a_key_refuses_before_loading_anything(capsy
     assert err.count("\n") == 1 and "--insecure-no-api-key" in err and "Traceback" not in err
     assert main(["serve", "--backend", "ray", "--host", "0.0.0.0"]) == 2
     assert "API key" in capsys.readouterr().err
-
 
 def test_a_non_loopback_bind_with_a_key_or_the_insecure_flag(capsys):
     settings = security_settings(_args("--host", "0.0.0.0", "--api-key", KEY), environ={})
@@ -345,7 +306,6 @@ def test_a_non_loopback_bind_with_a_key_or_the_insecure_flag(capsys):
         security_settings(_args("--api-key", "two words"), environ={})
     with pytest.raises(ConfigError, match="max_n must be >= 0"):
         security_settings(_args("--max-n", "-1"), environ={})
-
 
 def test_the_cli_serves_with_a_key_and_bounds_slow_clients(tiny_model_dir):
     """`genspec serve` as a process, its key from $GENSPEC_API_KEY: 401 without it, 200 with it. A connection
@@ -386,7 +346,6 @@ def test_the_cli_serves_with_a_key_and_bounds_slow_clients(tiny_model_dir):
     finally:
         process.terminate()
         process.wait(timeout=60)
-
 
 def test_past_max_connections_uvicorn_answers_503(tiny_model_dir):
     server = Served(tiny_model_dir, ServeSecurity(max_connections=2))
