@@ -693,10 +693,11 @@ def test_unknown_routes_and_methods_get_openai_errors(served):
 
 
 def test_a_request_larger_than_the_server_is_a_400_not_a_429(served):
-    """The module's server holds 4 running + 8 waiting requests: 2 prompts x n 16 and 13 prompts can never
-    fit, however long they wait (a 429 says "retry later"); 12 at once do fit."""
+    """The module's server holds 4 running + 8 waiting requests: 2 prompts x n 7 and 13 prompts can never
+    fit, however long they wait (a 429 says "retry later"); 12 at once do fit. (n 7 stays under the
+    server's --max-n limit, 8, which has its own 400.)"""
     too_many_samples = httpx.post(served.url + "/v1/completions",
-                                  json={"prompt": ["ab", "cd"], "n": 16, "max_tokens": 1})
+                                  json={"prompt": ["ab", "cd"], "n": 7, "max_tokens": 1})
     error = too_many_samples.json()["error"]
     assert too_many_samples.status_code == 400 and error["param"] == "n" and "at most 12" in error["message"]
     too_many_prompts = httpx.post(served.url + "/v1/completions", json={"prompt": ["ab"] * 13, "max_tokens": 1})
