@@ -35,6 +35,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -71,11 +72,14 @@ class Server:
     def start(self, timeout: float = 900) -> float:
         """Starts it; returns the seconds until it answered a completion."""
         started = time.perf_counter()
-        self.process = subprocess.Popen(self.command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        # stderr to a file, not a pipe nobody reads: a full pipe would block the server's next log line
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(self.command, env=self.env, stdout=subprocess.DEVNULL, stderr=self.log,
                                         text=True)
         while True:
             if self.process.poll() is not None:
-                raise SystemExit(f"the server exited: {self.process.stderr.read()}")
+                self.log.seek(0)
+                raise SystemExit(f"the server exited: {self.log.read()[-3000:]}")
             try:
                 if self.complete(timeout=60).status_code == 200:
                     return time.perf_counter() - started

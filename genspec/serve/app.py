@@ -41,6 +41,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from genspec.engine import NO_DRAFTER, GenerationConfig, RequestStats, RequestStep, SpeculativeEngine, visible_text
 from genspec.errors import GenspecError
@@ -78,11 +79,14 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     if announced > max_bytes:
         raise _too_large(max_bytes)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(max_bytes)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise _too_large(max_bytes)
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone (or closed for reading too slowly) before its body arrived: not a server error
+        raise APIError("the connection closed before the request body arrived", code="client_disconnected") from None
     return b"".join(chunks)
 
 
