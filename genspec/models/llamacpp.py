@@ -40,12 +40,6 @@ LLAMA_MAX_SEQUENCES = 256
 
 
 def _import_llama_cpp():
-    # llama.cpp's threads wait for each other at every operation of a step; with OpenMP's default (spinning) a
-    # waiting thread holds its core, and when anything else needs one (a server's HTTP threads, a load
-    # generator, another process) steps took 53-175 ms (p90 0.3-1 s) against 41-44 ms (p90 48 ms) with
-    # sleeping waits, on this 2-core VM beside a test run (timing loop on the Backends page). Read when
-    # llama.cpp's libgomp loads: set before the first import, and a user's own setting wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         import llama_cpp
     except ImportError as exc:
