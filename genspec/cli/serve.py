@@ -135,43 +135,40 @@ def extra_drafters(specs: list[str]) -> dict[str, dict]:
     return out
 
 
+def server_settings(args):
+    """The :class:`~genspec.serve.settings.ServerSettings` of ``genspec serve``'s flags."""
+    from genspec.api import resolve_backend
+    from genspec.serve.settings import ServerSettings
+
+    security = security_settings(args)
+    model_backend = resolve_backend(args.model, args.model_backend, args.dtype).value  # a bad pair fails early
+    return ServerSettings(
+        model=args.model, model_backend=model_backend, drafter=args.drafter, draft_model=args.draft_model,
+        dtype=args.dtype, extra_drafters=extra_drafters(args.extra_drafter),
+        drafter_options=dict(parse_option(o) for o in args.drafter_option), max_batch_size=args.max_batch_size,
+        measure_costs=not args.no_cost_measurement, served_model_name=args.served_model_name,
+        max_queue=args.max_queue, grace_s=args.grace_period,
+        **({} if args.max_body_bytes is None else {"max_body_bytes": args.max_body_bytes}), security=security)
+
+
 def run_serve(args) -> int:
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
-    if args.max_batch_size < 1 or args.max_queue < 0 or args.grace_period < 0:
-        raise ConfigError("--max-batch-size must be >= 1, --max-queue and --grace-period >= 0")
-    from genspec.serve.app import DEFAULT_MAX_BODY_BYTES
-
-    max_body_bytes = DEFAULT_MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
-    if max_body_bytes < 1:
-        raise ConfigError(f"--max-body-bytes must be >= 1, got {max_body_bytes}")
-    security = security_settings(args)
-    from genspec.api import resolve_backend
-
-    model_backend = resolve_backend(args.model, args.model_backend, args.dtype).value  # a bad pair fails early
-    settings = {"model": args.model, "model_backend": model_backend, "drafter": args.drafter,
-                "draft_model": args.draft_model, "dtype": args.dtype,
-                "extra_drafters": extra_drafters(args.extra_drafter),
-                "drafter_options": dict(parse_option(o) for o in args.drafter_option),
-                "max_batch_size": args.max_batch_size, "max_queue": args.max_queue, "grace_s": args.grace_period,
-                "max_body_bytes": max_body_bytes,
-                "name": args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m"),
-                "measure_costs": not args.no_cost_measurement, "security": security}
+    settings = server_settings(args)
     if args.backend == "ray":
         return _run_ray(args, settings)
     from rich.console import Console
 
-    from genspec.serve.app import create_app, load_engine, run_server
+    from genspec.serve.app import create_app, run_server
+    from genspec.serve.worker import load_engine
 
     with Console(stderr=True).status("loading the model") as status:
         engine = load_engine(settings, progress=lambda text: status.update(text))
-    app = create_app(engine, settings["name"], max_queue=args.max_queue, grace_s=args.grace_period,
-                     engine_thread=False, max_body_bytes=max_body_bytes, security=security)
-    run_server(app, args.host, args.port, args.grace_period)
+    run_server(create_app(engine, settings, engine_thread=False), args.host, args.port)
     return 0
 
 
-def _run_ray(args, settings: dict) -> int:
+def _run_ray(args, settings) -> int:
     from genspec.serve.ray_backend import require_ray, run_ray
 
     if args.replicas == "auto":
@@ -185,9 +182,9 @@ def _run_ray(args, settings: dict) -> int:
             raise ConfigError(f"--replicas takes a number or auto, got {args.replicas!r}") from None
         if replicas < 1:
             raise ConfigError("--replicas must be >= 1")
-    if args.model and settings["model_backend"] == "torch" and not (Path(args.model) / "config.json").is_file():
+    if args.model and settings.model_backend == "torch" and not (Path(args.model) / "config.json").is_file():
         raise InputFileError(f"no model at {args.model}: expected a directory with config.json and weights")
-    if args.model and settings["model_backend"] == "llamacpp" and not Path(args.model).is_file():
+    if args.model and settings.model_backend == "llamacpp" and not Path(args.model).is_file():
         raise InputFileError(f"no GGUF model at {args.model}")
     require_ray()
     run_ray(settings, args.host, args.port, replicas, args.min_replicas, args.max_replicas, args.address)
