@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from genspec.cli import finite_float
-from genspec.cli.generate import parse_option
+from genspec.cli.options import add_options, parse_option
 from genspec.errors import ConfigError, InputFileError
 
 
@@ -23,20 +23,18 @@ def add_parser(subparsers) -> None:
         description="Serve a model over HTTP with speculative decoding: /v1/completions, /v1/chat/completions, "
                     "/v1/models, /health, /metrics and a playground at /.",
         epilog="examples:\n" + __doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--model", metavar="PATH", help="local model directory or .gguf file (default: embedded "
-                                                       "Gemma 3 270M)")
-    serve.add_argument("--model-backend", default="auto", choices=["auto", "torch", "llamacpp"],
-                       help="what runs the model (genspec generate's --backend): llamacpp, torch, or auto (default: "
-                            "llamacpp for a .gguf file and for the embedded model when llama-cpp-python is "
-                            "installed); --backend chooses one process or Ray replicas")
+    add_options(serve, "model", "backend", backend={
+        "flags": ("--model-backend",),
+        "help": "what runs the model (genspec generate's --backend): llamacpp, torch, or auto (default: llamacpp for "
+                "a .gguf file and for the embedded model when llama-cpp-python is installed); --backend chooses one "
+                "process or Ray replicas"})
     serve.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: the "
                                                                     "directory's name, or gemma-3-270m)")
-    serve.add_argument("--drafter", default="prompt-lookup", help="default drafter of requests (none: no speculation)")
-    serve.add_argument("-O", "--drafter-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="option of the default drafter (repeatable)")
+    add_options(serve, "drafter", "drafter_option", drafter={"help": "default drafter of requests (none: no speculation)"},
+                drafter_option={"help": "option of the default drafter (repeatable)"})
     serve.add_argument("--extra-drafter", action="append", default=[], metavar="NAME[:KEY=VALUE...]",
                        help="another drafter requests may choose with speculative.drafter (repeatable)")
-    serve.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
+    add_options(serve, "draft_model")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-batch-size", type=int, default=8, metavar="B", help="requests decoded together")
@@ -46,7 +44,7 @@ def add_parser(subparsers) -> None:
                        help="largest request body accepted, in bytes (default 2 MiB); larger ones get HTTP 413")
     serve.add_argument("--grace-period", type=finite_float, default=30.0, metavar="S",
                        help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
-    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_options(serve, "dtype", dtype={"choices": ["float32", "bfloat16", "float16"]})
     serve.add_argument("--no-cost-measurement", action="store_true",
                        help="skip measuring verify costs by batch size at start (tens of seconds on the embedded "
                             "model); the draft-length plan then learns them from traffic")
