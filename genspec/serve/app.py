@@ -51,9 +51,9 @@ from genspec.serve.worker import EngineWorker
 
 
 def create_app(engine: SpeculativeEngine, settings: ServerSettings | None = None, engine_thread: bool = True) -> FastAPI:
-    """The server's FastAPI app over ``engine``, with ``settings``' name, queue, grace period, body
-    limit and security (default: :class:`~genspec.serve.settings.ServerSettings`' defaults; the settings
-    of the model are those the engine was loaded with, :func:`~genspec.serve.worker.load_engine`).
+    """The server's FastAPI app over ``engine``, with ``settings``' model name, queue, grace period, body
+    limit and security (default: :class:`~genspec.serve.settings.ServerSettings`' defaults; its model,
+    drafter and batch fields are for :func:`~genspec.serve.worker.load_engine`, which loads an engine).
     ``engine_thread``: the app steps the engine in a thread it starts (to embed the app in your own
     ASGI server); False: the caller steps it, as :func:`run_server` does in the thread that loaded the
     model (faster: see there). Measure the engine's verify costs first

@@ -265,13 +265,12 @@ def app_builder(args: dict):
         allowed_origins=tuple(o.strip() for o in args.get("allowed_origins", "").split(",") if o.strip()),
         **{name: int(args[name]) for name in limits if name in args})
     replicas = None if args.get("replicas", "1") == "auto" else int(args.get("replicas", "1"))
-    numbers = {"max_batch_size": int, "max_queue": int, "max_body_bytes": int}
-    settings = ServerSettings(
-        model=args.get("model"), drafter=args.get("drafter", "prompt-lookup"),
-        **{name: kind(args[name]) for name, kind in numbers.items() if name in args},
-        grace_s=float(args.get("grace_period", "30")),
-        served_model_name=args.get("served_model_name", EMBEDDED_MODEL_NAME),
-        measure_costs=args.get("measure_costs", "true").lower() == "true", security=security)
+    kinds = {"model": str, "drafter": str, "max_batch_size": int, "max_queue": int, "max_body_bytes": int,
+             "grace_period": float}
+    given = {("grace_s" if name == "grace_period" else name): kind(args[name]) for name, kind in kinds.items()
+             if name in args}
+    settings = ServerSettings(**given, served_model_name=args.get("served_model_name", EMBEDDED_MODEL_NAME),
+                              measure_costs=args.get("measure_costs", "true").lower() == "true", security=security)
     return deployment(settings, replicas, int(args.get("min_replicas", "1")), int(args.get("max_replicas", "2")),
                       cores=int(args["cores"]) if "cores" in args else None)
 
