@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from genspec.cli.options import add_options
 from genspec.errors import ConfigError
 
 #: a prompt's speedup is flagged as untrustworthy when its per-repeat ratios spread over more than this fraction
@@ -21,8 +22,6 @@ TRUSTED_SPREAD = 0.25
 
 def add_parser(subparsers) -> None:
     demo = subparsers.add_parser("demo", help="plain vs speculative decoding on the embedded default model")
-    from genspec.cli.options import add_options
-
     add_options(demo, "model", "backend", "drafter", "draft_model", "num_draft_tokens", "max_new_tokens", "draft_length")
     demo.add_argument("--repeats", type=int, default=3, metavar="R",
                       help="runs of each decoding per prompt, alternating (default 3): medians and their range")
