@@ -291,18 +291,18 @@ def test_serve_on_a_gguf_file(tiny_gguf):
     import uvicorn
     from test_serve import _free_port
 
-    from genspec.serve.app import create_app, load_engine
+    from genspec.serve.app import create_app
+    from genspec.serve.settings import ServerSettings
+    from genspec.serve.worker import load_engine
 
     path, _, _ = tiny_gguf
-    settings = {"model": str(path), "model_backend": "auto", "drafter": "prompt-lookup", "draft_model": None,
-                "dtype": "float32", "extra_drafters": {}, "drafter_options": {}, "max_batch_size": 4,
-                "measure_costs": False}
+    settings = ServerSettings(model=str(path), max_batch_size=4, measure_costs=False, served_model_name="tiny")
     engine = load_engine(settings)
     assert engine.target.backend == "llamacpp" and engine.max_batch_size == 4
     prompts = ["abcabcabcab", "hello hello hel", "xyz xyz xy", "12121212"]
     expected = [genspec.load(str(path), drafter="none").generate(p, max_new_tokens=16)[0].text for p in prompts]
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, "tiny"), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), host="127.0.0.1", port=port,
                                            log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -20,7 +20,8 @@ import genspec
 from genspec.drafters.base import Drafter
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.engine import SpeculativeEngine
-from genspec.serve.app import DEFAULT_MAX_BODY_BYTES, create_app
+from genspec.serve.app import create_app
+from genspec.serve.settings import DEFAULT_MAX_BODY_BYTES, ServerSettings
 
 PROMPT = "abcabcabc def def abc"
 
@@ -101,7 +102,8 @@ class Served:
                                                                                   namespace="serve-test"),
                                              "failing": _Failing(bad), "gate": self.gate})
         self.engine = engine
-        self.app = create_app(engine, "tiny", max_queue=max_queue, grace_s=5, max_body_bytes=max_body_bytes)
+        self.app = create_app(engine, ServerSettings(served_model_name="tiny", max_queue=max_queue, grace_s=5,
+                                                    max_body_bytes=max_body_bytes))
         self.port = _free_port()
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

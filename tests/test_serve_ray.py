@@ -14,6 +14,7 @@ import pytest
 from genspec.cli import main
 from genspec.serve.ray_backend import ENGINE_DEPLOYMENT, REPLICA_HEADER, threads_per_replica
 from genspec.serve.security import ServeSecurity, hash_key
+from genspec.serve.settings import ServerSettings
 from tiny_models import save_tiny_model
 
 #: the ray_service's API key
@@ -64,9 +65,10 @@ def test_asgi_exchange_runs_a_request_through_the_app_and_a_close_cancels_it(tin
     import genspec
     from genspec.serve.app import create_app
     from genspec.serve.ray_backend import asgi_exchange
+    from genspec.serve.settings import ServerSettings
 
     engine = genspec.load(str(tiny_model_dir), drafter="prompt-lookup")
-    app = create_app(engine, "tiny", engine_thread=True)
+    app = create_app(engine, ServerSettings(served_model_name="tiny"), engine_thread=True)
     app.state.server.worker.start()  # what the app's lifespan does; the exchange runs no lifespan
     expected = genspec.load(str(tiny_model_dir), drafter="none").generate("abc abd", max_new_tokens=12)[0].text
 
@@ -195,7 +197,7 @@ def test_the_router_turns_a_replica_failure_into_an_openai_error():
 
 def test_the_router_refuses_a_body_over_the_limit_without_passing_it_on():
     engines = _FakeEngines(_FakeStream([]))
-    status, _, chunks = _route(None, engines=engines, max_body_bytes=1)  # the body is b"{}"
+    status, _, chunks = _route(None, engines=engines, settings=ServerSettings(max_body_bytes=1))  # the body is b"{}"
     assert status == 413 and json.loads(b"".join(chunks))["error"]["code"] == "request_too_large"
     assert not hasattr(engines, "request")
 
@@ -210,7 +212,7 @@ def test_the_router_asks_for_the_key_before_passing_a_request_on():
     from genspec.serve.ray_backend import router_class
 
     def scrape(security, headers, path="/metrics"):
-        router = router_class()(_FakeEngines(_FakeStream([])), security=security)
+        router = router_class()(_FakeEngines(_FakeStream([])), ServerSettings(security=security or ServeSecurity()))
         scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "root_path": "",
                  "headers": headers, "client": ("127.0.0.1", 5000)}
 
@@ -239,9 +241,9 @@ def test_the_cli_passes_the_key_and_limits_to_the_ray_deployment(monkeypatch):
     import genspec.serve.ray_backend as ray_backend
 
     seen = {}
-    monkeypatch.setattr(ray_backend, "run_ray", lambda settings, *rest: seen.update(settings))
+    monkeypatch.setattr(ray_backend, "run_ray", lambda settings, *rest: seen.update(settings=settings))
     assert main(["serve", "--backend", "ray", "--api-key", KEY, "--max-n", "2", "--metrics-public"]) == 0
-    security = seen["security"]
+    security = seen["settings"].security
     assert security.api_key_sha256 == (hash_key(KEY),) and security.max_n == 2 and security.metrics_public
 
 
@@ -264,10 +266,8 @@ def ray_service(tmp_path_factory):
 
     model = save_tiny_model(tmp_path_factory.mktemp("ray") / "tiny", context=8192)
     port = _free_port()
-    settings = {"model": str(model), "drafter": "prompt-lookup", "draft_model": None, "dtype": "float32",
-                "extra_drafters": {}, "drafter_options": {}, "max_batch_size": 4, "max_queue": 8, "grace_s": 5.0,
-                "max_body_bytes": 1 << 20, "name": "tiny", "measure_costs": False,
-                "security": ServeSecurity.with_keys([KEY])}
+    settings = ServerSettings(model=str(model), max_batch_size=4, max_queue=8, grace_s=5.0, max_body_bytes=1 << 20,
+                              served_model_name="tiny", measure_costs=False, security=ServeSecurity.with_keys([KEY]))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -16,7 +16,7 @@ import shlex
 import time
 from pathlib import Path
 
-from genspec.cli import finite_float
+from genspec.cli.options import add_options
 from genspec.errors import ConfigError, InputFileError
 
 #: the methods of a run by backend (plain and the backend's reference baseline always run too)
@@ -41,13 +41,11 @@ def add_parser(subparsers) -> None:
         description="Decode Spec-Bench prompts with plain decoding, genspec's methods and Hugging Face "
                     "baselines, interleaved in one process; write results.json, report.md and PNG plots.",
         epilog="examples:\n" + __doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("--model", metavar="PATH", help="target model directory or .gguf file (default: embedded "
-                                                       "Gemma 3 270M)")
-    bench.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
-                       help="what runs the target (see genspec generate --help); the reference baseline is its own "
-                            "plain decoding: hf-plain on torch, llamacpp-plain on llamacpp")
-    bench.add_argument("--draft-model", metavar="PATH",
-                       help="draft model directory: enables the draft-model and hf-assisted methods")
+    add_options(bench, "model", "backend", "draft_model",
+                model={"help": "target model directory or .gguf file (default: embedded Gemma 3 270M)"},
+                backend={"help": "what runs the target (see genspec generate --help); the reference baseline is its "
+                                 "own plain decoding: hf-plain on torch, llamacpp-plain on llamacpp"},
+                draft_model={"help": "draft model directory: enables the draft-model and hf-assisted methods"})
     bench.add_argument("--methods", metavar="LIST",
                        help="comma-separated methods NAME[:KEY=VALUE...]: genspec drafters (prompt-lookup, "
                             "quantized, early-exit:exit_layer=4, hierarchical:levels=prompt-lookup+quantized, "
@@ -64,16 +62,17 @@ def add_parser(subparsers) -> None:
     bench.add_argument("--skip-prompts", type=int, default=0, metavar="N",
                        help="leave out each category's first N prompts (default 0): tune on prompts that the "
                             "default run, which measures the first ones, does not")
-    bench.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens per prompt at most (default 128)")
-    bench.add_argument("--temperature", type=finite_float, default=0.0, metavar="T", help="0 = greedy (default)")
-    bench.add_argument("--top-p", type=finite_float, default=1.0, metavar="P",
-                       help="nucleus sampling with --temperature > 0, for every method alike (default 1.0: off)")
-    bench.add_argument("--seed", type=int, default=0, help="seed of every call (default 0)")
+    add_options(bench, "max_new_tokens", "temperature", "top_p", "seed",
+                max_new_tokens={"default": None, "metavar": "N", "help": "tokens per prompt at most (default 128)"},
+                temperature={"metavar": "T"},
+                top_p={"metavar": "P",
+                       "help": "nucleus sampling with --temperature > 0, for every method alike (default 1.0: off)"},
+                seed={"default": 0, "help": "seed of every call (default 0)"})
     bench.add_argument("--repeats", type=int, metavar="R", help="repeats of the whole suite (default 3)")
-    bench.add_argument("-k", "--num-draft-tokens", type=int, default=None, metavar="K",
-                       help="draft tokens per step (max for adaptive policies; default: each drafter's own, 8, suffix 24)")
-    bench.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"],
-                       help="genspec draft length policy unless a method sets its own (default cost)")
+    add_options(bench, "num_draft_tokens", "draft_length",
+                num_draft_tokens={"help": "draft tokens per step (max for adaptive policies; default: each "
+                                          "drafter's own, 8, suffix 24)"},
+                draft_length={"help": "genspec draft length policy unless a method sets its own (default cost)"})
     bench.add_argument("--k-sweep", metavar="LIST", help="also run --sweep-method at these fixed k, e.g. 2,4,8")
     bench.add_argument("--sweep-method", metavar="METHOD",
                        help="the genspec method of the k sweep (default: the first genspec method)")
@@ -85,7 +84,7 @@ def add_parser(subparsers) -> None:
     bench.add_argument("--quick", action="store_true",
                        help=f"smoke-test size (< 2 min on 2 cores): {', '.join(f'{k}={v}' for k, v in QUICK.items())}; "
                             "explicit options still win")
-    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_options(bench, "dtype", dtype={"choices": ["float32", "bfloat16", "float16"]})
     bench.add_argument("--threads", type=int, metavar="N",
                        help="torch intra-op threads (default: torch's choice; recorded in results.json)")
     bench.add_argument("--report-from", metavar="RESULTS_JSON",

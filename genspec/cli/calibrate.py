@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from genspec import strict_json
+from genspec.cli.options import add_options
 from genspec.errors import ConfigError, InputFileError
 from genspec.textfiles import check_output_file
 
@@ -19,13 +20,13 @@ def add_parser(subparsers) -> None:
     sub = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
     for name, helptext in (("early-exit", "pick the exit layer"), ("layer-skip", "pick the layers to skip")):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--model", metavar="PATH")
+        add_options(p, "model", model={"help": None})
         p.add_argument("--out", required=True, help="JSON file to write")
-        p.add_argument("-k", "--num-draft-tokens", type=int, default=4)
+        add_options(p, "num_draft_tokens", num_draft_tokens={"default": 4, "metavar": None, "help": None})
         p.add_argument("--tokens", type=int, default=48, help="calibration tokens generated per prompt")
         p.set_defaults(func=run_search)
     p = sub.add_parser("draft-vocab", help="most frequent tokens, for a truncated-vocabulary draft head")
-    p.add_argument("--model", metavar="PATH")
+    add_options(p, "model", model={"help": None})
     p.add_argument("--out", required=True)
     p.add_argument("--size", type=int, default=32768)
     p.add_argument("--corpus", action="append", default=[], metavar="FILE", help="text file(s) to count")

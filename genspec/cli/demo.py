@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from genspec.cli.options import add_options
 from genspec.errors import ConfigError
 
 #: a prompt's speedup is flagged as untrustworthy when its per-repeat ratios spread over more than this fraction
@@ -21,17 +22,7 @@ TRUSTED_SPREAD = 0.25
 
 def add_parser(subparsers) -> None:
     demo = subparsers.add_parser("demo", help="plain vs speculative decoding on the embedded default model")
-    from genspec.cli.generate import add_backend_argument
-
-    demo.add_argument("--model", metavar="PATH", help="local model directory or .gguf file (default: embedded "
-                                                      "Gemma 3 270M)")
-    add_backend_argument(demo)
-    demo.add_argument("--drafter", default="prompt-lookup")
-    demo.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
-    demo.add_argument("--num-draft-tokens", "-k", type=int, default=None, metavar="K",
-                      help="draft tokens per step at most (default: the drafter's own: 8, suffix 24)")
-    demo.add_argument("--max-new-tokens", type=int, default=64)
-    demo.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"])
+    add_options(demo, "model", "backend", "drafter", "draft_model", "num_draft_tokens", "max_new_tokens", "draft_length")
     demo.add_argument("--repeats", type=int, default=3, metavar="R",
                       help="runs of each decoding per prompt, alternating (default 3): medians and their range")
     demo.add_argument("--json", action="store_true")

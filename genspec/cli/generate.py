@@ -6,29 +6,20 @@ import sys
 from pathlib import Path
 
 from genspec.cli import finite_float
+from genspec.cli.options import add_options, parse_option
 from genspec.errors import ConfigError, ContextLengthError, InputFileError
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="PATH", help="local model directory or .gguf file (default: embedded "
-                                                        "Gemma 3 270M)")
-    add_backend_argument(parser)
-    parser.add_argument("--drafter", default="prompt-lookup", help="speculator: none, prompt-lookup, draft-model, early-exit, layer-skip, quantized, hierarchical, ...")
-    parser.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
+    add_options(parser, "model", "backend", "drafter", "draft_model", drafter={
+        "help": "speculator: none, prompt-lookup, draft-model, early-exit, layer-skip, quantized, hierarchical, ..."})
     parser.add_argument("--num-drafts", type=int, default=1, help="independent draft chains verified as a tree")
-    parser.add_argument("-O", "--drafter-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="drafter option, e.g. exit_layer=4, skip=[3,5,7], levels=prompt-lookup,quantized, "
-                             "draft_vocab_file=ids.json, confidence_threshold=0.4 (repeatable)")
-    parser.add_argument("--num-draft-tokens", "-k", type=int, default=None, metavar="K",
-                        help="draft tokens per step at most (default: the drafter's own: 8, suffix 24)")
-    parser.add_argument("--draft-length", default="cost", choices=["fixed", "heuristic", "cost"],
-                        help="draft length policy: fixed k, HF's +2/-1 schedule, or cost-aware (default)")
-    parser.add_argument("--temperature", type=finite_float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=finite_float, default=1.0)
+    add_options(parser, "drafter_option", "num_draft_tokens", "draft_length", "temperature", "top_k", "top_p",
+                drafter_option={"help": "drafter option, e.g. exit_layer=4, skip=[3,5,7], levels=prompt-lookup,quantized, "
+                                        "draft_vocab_file=ids.json, confidence_threshold=0.4 (repeatable)"},
+                draft_length={"help": "draft length policy: fixed k, HF's +2/-1 schedule, or cost-aware (default)"})
     parser.add_argument("--repetition-penalty", type=finite_float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    add_options(parser, "seed", "max_new_tokens")
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     parser.add_argument("--rule", default="auto", choices=["auto", "overaccept", "typical", "coupled"],
                         help="acceptance rule: overaccept b=min(1,(q+eps)/p) (lossless only with --epsilon 0 "
@@ -43,28 +34,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--residual", default="opt", choices=["opt", "uno"],
                         help="law drawn after a rejection: opt (default; norm([q - b p]+), least bias) or uno "
                              "(q itself: LOSSY even at --epsilon 0)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
-
-
-def add_backend_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "llamacpp"],
-                        help="what runs the target: llamacpp (a GGUF file on llama.cpp, the fastest on a CPU), torch "
-                             "(transformers: model directories, every drafter, GPUs) or auto (default: llamacpp for a "
-                             ".gguf file and for the embedded model when llama-cpp-python is installed)")
-
-
-def parse_option(text: str) -> tuple[str, object]:
-    """``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, lists; NaN and infinities are not
-    numbers), else as a string."""
-    from genspec import strict_json
-
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"drafter option must look like KEY=VALUE, got {text!r}")
-    try:
-        return key.strip().replace("-", "_"), strict_json.loads(value)
-    except ValueError:
-        return key.strip().replace("-", "_"), value
+    add_options(parser, "dtype")
 
 
 def drafter_options(args) -> dict:

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from genspec.cli.options import add_options
 from genspec.errors import InputFileError
 
 
@@ -29,8 +30,8 @@ def add_parser(subparsers) -> None:
     build.add_argument("--force", action="store_true",
                        help="replace the retrieval index already in DIR (a directory with other files is never "
                             "replaced); the new index is written beside it and renamed at the end")
-    build.add_argument("--model", metavar="PATH", help="model directory whose tokenizer to use "
-                                                       "(default: the embedded Gemma 3 270M)")
+    add_options(build, "model", model={"help": "model directory whose tokenizer to use (default: the embedded "
+                                                "Gemma 3 270M)"})
     build.set_defaults(func=run_build)
     index.set_defaults(func=lambda args: _usage(index))
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from genspec.cli import finite_float
-from genspec.cli.generate import parse_option
+from genspec.cli.options import add_options, parse_option
 from genspec.errors import ConfigError, InputFileError
 
 
@@ -23,20 +23,18 @@ def add_parser(subparsers) -> None:
         description="Serve a model over HTTP with speculative decoding: /v1/completions, /v1/chat/completions, "
                     "/v1/models, /health, /metrics and a playground at /.",
         epilog="examples:\n" + __doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--model", metavar="PATH", help="local model directory or .gguf file (default: embedded "
-                                                       "Gemma 3 270M)")
-    serve.add_argument("--model-backend", default="auto", choices=["auto", "torch", "llamacpp"],
-                       help="what runs the model (genspec generate's --backend): llamacpp, torch, or auto (default: "
-                            "llamacpp for a .gguf file and for the embedded model when llama-cpp-python is "
-                            "installed); --backend chooses one process or Ray replicas")
+    add_options(serve, "model", "backend", backend={
+        "flags": ("--model-backend",),
+        "help": "what runs the model (genspec generate's --backend): llamacpp, torch, or auto (default: llamacpp for "
+                "a .gguf file and for the embedded model when llama-cpp-python is installed); --backend chooses one "
+                "process or Ray replicas"})
     serve.add_argument("--served-model-name", metavar="NAME", help="the model's name in the API (default: the "
                                                                     "directory's name, or gemma-3-270m)")
-    serve.add_argument("--drafter", default="prompt-lookup", help="default drafter of requests (none: no speculation)")
-    serve.add_argument("-O", "--drafter-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="option of the default drafter (repeatable)")
+    add_options(serve, "drafter", "drafter_option", drafter={"help": "default drafter of requests (none: no speculation)"},
+                drafter_option={"help": "option of the default drafter (repeatable)"})
     serve.add_argument("--extra-drafter", action="append", default=[], metavar="NAME[:KEY=VALUE...]",
                        help="another drafter requests may choose with speculative.drafter (repeatable)")
-    serve.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
+    add_options(serve, "draft_model")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-batch-size", type=int, default=8, metavar="B", help="requests decoded together")
@@ -46,7 +44,7 @@ def add_parser(subparsers) -> None:
                        help="largest request body accepted, in bytes (default 2 MiB); larger ones get HTTP 413")
     serve.add_argument("--grace-period", type=finite_float, default=30.0, metavar="S",
                        help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
-    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_options(serve, "dtype", dtype={"choices": ["float32", "bfloat16", "float16"]})
     serve.add_argument("--no-cost-measurement", action="store_true",
                        help="skip measuring verify costs by batch size at start (tens of seconds on the embedded "
                             "model); the draft-length plan then learns them from traffic")
@@ -135,43 +133,40 @@ def extra_drafters(specs: list[str]) -> dict[str, dict]:
     return out
 
 
+def server_settings(args):
+    """The :class:`~genspec.serve.settings.ServerSettings` of ``genspec serve``'s flags."""
+    from genspec.api import resolve_backend
+    from genspec.serve.settings import ServerSettings
+
+    security = security_settings(args)
+    model_backend = resolve_backend(args.model, args.model_backend, args.dtype).value  # a bad pair fails early
+    return ServerSettings(
+        model=args.model, model_backend=model_backend, drafter=args.drafter, draft_model=args.draft_model,
+        dtype=args.dtype, extra_drafters=extra_drafters(args.extra_drafter),
+        drafter_options=dict(parse_option(o) for o in args.drafter_option), max_batch_size=args.max_batch_size,
+        measure_costs=not args.no_cost_measurement, served_model_name=args.served_model_name,
+        max_queue=args.max_queue, grace_s=args.grace_period,
+        **({} if args.max_body_bytes is None else {"max_body_bytes": args.max_body_bytes}), security=security)
+
+
 def run_serve(args) -> int:
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, got {args.port}")
-    if args.max_batch_size < 1 or args.max_queue < 0 or args.grace_period < 0:
-        raise ConfigError("--max-batch-size must be >= 1, --max-queue and --grace-period >= 0")
-    from genspec.serve.app import DEFAULT_MAX_BODY_BYTES
-
-    max_body_bytes = DEFAULT_MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
-    if max_body_bytes < 1:
-        raise ConfigError(f"--max-body-bytes must be >= 1, got {max_body_bytes}")
-    security = security_settings(args)
-    from genspec.api import resolve_backend
-
-    model_backend = resolve_backend(args.model, args.model_backend, args.dtype).value  # a bad pair fails early
-    settings = {"model": args.model, "model_backend": model_backend, "drafter": args.drafter,
-                "draft_model": args.draft_model, "dtype": args.dtype,
-                "extra_drafters": extra_drafters(args.extra_drafter),
-                "drafter_options": dict(parse_option(o) for o in args.drafter_option),
-                "max_batch_size": args.max_batch_size, "max_queue": args.max_queue, "grace_s": args.grace_period,
-                "max_body_bytes": max_body_bytes,
-                "name": args.served_model_name or (Path(args.model).name if args.model else "gemma-3-270m"),
-                "measure_costs": not args.no_cost_measurement, "security": security}
+    settings = server_settings(args)
     if args.backend == "ray":
         return _run_ray(args, settings)
     from rich.console import Console
 
-    from genspec.serve.app import create_app, load_engine, run_server
+    from genspec.serve.app import create_app, run_server
+    from genspec.serve.worker import load_engine
 
     with Console(stderr=True).status("loading the model") as status:
         engine = load_engine(settings, progress=lambda text: status.update(text))
-    app = create_app(engine, settings["name"], max_queue=args.max_queue, grace_s=args.grace_period,
-                     engine_thread=False, max_body_bytes=max_body_bytes, security=security)
-    run_server(app, args.host, args.port, args.grace_period)
+    run_server(create_app(engine, settings, engine_thread=False), args.host, args.port)
     return 0
 
 
-def _run_ray(args, settings: dict) -> int:
+def _run_ray(args, settings) -> int:
     from genspec.serve.ray_backend import require_ray, run_ray
 
     if args.replicas == "auto":
@@ -185,9 +180,9 @@ def _run_ray(args, settings: dict) -> int:
             raise ConfigError(f"--replicas takes a number or auto, got {args.replicas!r}") from None
         if replicas < 1:
             raise ConfigError("--replicas must be >= 1")
-    if args.model and settings["model_backend"] == "torch" and not (Path(args.model) / "config.json").is_file():
+    if args.model and settings.model_backend == "torch" and not (Path(args.model) / "config.json").is_file():
         raise InputFileError(f"no model at {args.model}: expected a directory with config.json and weights")
-    if args.model and settings["model_backend"] == "llamacpp" and not Path(args.model).is_file():
+    if args.model and settings.model_backend == "llamacpp" and not Path(args.model).is_file():
         raise InputFileError(f"no GGUF model at {args.model}")
     require_ray()
     run_ray(settings, args.host, args.port, replicas, args.min_replicas, args.max_replicas, args.address)

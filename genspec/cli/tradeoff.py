@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from genspec import strict_json
-from genspec.cli import finite_float, float_list
+from genspec.cli import float_list
+from genspec.cli.options import add_options, parse_option
 from genspec.errors import ConfigError
 from genspec.interrupts import stoppable
 
@@ -22,16 +23,11 @@ def add_parser(subparsers) -> None:
                     "bias TV(b p + R P, q). Prints per setting: rejection_rate, mean_accepted_length, "
                     "tokens_per_second, bias_tv, pareto_bias (Theorem 5's least bias at the same rejections) and "
                     "win_rate (OPT over UNO, same prompts and seeds). Lossy rules need temperature > 0.")
-    parser.add_argument("--model", metavar="PATH", help="local model directory or .gguf file (default: embedded "
-                                                        "Gemma 3 270M)")
-    parser.add_argument("--backend", default="torch", choices=["auto", "torch", "llamacpp"],
-                        help="what runs the target (default torch: the default drafter, head, reads its hidden "
-                             "states; llamacpp for a model-free drafter on a GGUF file)")
-    parser.add_argument("--drafter", default="head",
-                        help="a chain drafter (default head: the shipped head, which samples drafts with its law)")
-    parser.add_argument("--draft-model", metavar="PATH", help="draft model directory (drafter draft-model)")
-    parser.add_argument("-O", "--drafter-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="drafter option (repeatable)")
+    add_options(parser, "model", "backend", "drafter", "draft_model", "drafter_option",
+                backend={"default": "torch", "help": "what runs the target (default torch: the default drafter, head, "
+                         "reads its hidden states; llamacpp for a model-free drafter on a GGUF file)"},
+                drafter={"default": "head",
+                         "help": "a chain drafter (default head: the shipped head, which samples drafts with its law)"})
     parser.add_argument("--rule", default="overaccept", metavar="LIST",
                         help="rules, comma-separated: overaccept (b = min(1, (q + eps)/p)), typical (Medusa: keep y "
                              "iff q(y) > min(eps, delta exp(-H(q)))); default overaccept")
@@ -44,20 +40,19 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--num-prompts", type=int, default=4, metavar="N", help="prompts (1-39; default 4)")
     parser.add_argument("--samples", type=int, default=1, metavar="S",
                         help="samples per prompt, seeds SEED..SEED+S-1 (default 1)")
-    parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="default 32")
-    parser.add_argument("--temperature", type=finite_float, default=1.0, help="> 0 (default 1.0)")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=finite_float, default=1.0)
-    parser.add_argument("--num-draft-tokens", "-k", type=int, default=8, metavar="K")
-    parser.add_argument("--draft-length", default="fixed", choices=["fixed", "heuristic", "cost"],
-                        help="draft length policy (default fixed: K tokens every step; the cost policy stops "
-                             "drafting where drafts cost more time than they save, leaving nothing to measure)")
-    parser.add_argument("--seed", type=int, default=0)
+    add_options(parser, "max_new_tokens", "temperature", "top_k", "top_p", "num_draft_tokens", "draft_length", "seed",
+                max_new_tokens={"default": 32, "metavar": "N", "help": "default 32"},
+                temperature={"default": 1.0, "help": "> 0 (default 1.0)"},
+                num_draft_tokens={"default": 8, "help": None},
+                draft_length={"default": "fixed", "help": "draft length policy (default fixed: K tokens every step; "
+                              "the cost policy stops drafting where drafts cost more time than they save, leaving "
+                              "nothing to measure)"},
+                seed={"default": 0})
     parser.add_argument("--scorer", default="loglik",
                         help="WinRate scorer: loglik (the target's mean log-likelihood of the response, untempered; "
                              "default), a local reward-model directory, or MODULE:FUNCTION")
     parser.add_argument("--no-win-rate", action="store_true", help="skip the WinRate scoring")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    add_options(parser, "dtype")
     parser.add_argument("--out", metavar="DIR", help="write results.json, report.md and tradeoff.png here")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per setting")
     parser.set_defaults(func=run_tradeoff)
@@ -72,7 +67,6 @@ def run_tradeoff(args) -> int:
 
     from genspec.bench import tradeoff
     from genspec.cli.bench import check_output_dir
-    from genspec.cli.generate import parse_option
     from genspec.engine import GenerationConfig
 
     console = Console(stderr=True)

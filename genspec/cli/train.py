@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from genspec.cli.options import add_options
 from genspec.errors import ConfigError
 
 #: ``genspec train head --token-layers`` unless given: 0, the embedding (EAGLE's), which the shipped head was
@@ -38,7 +39,7 @@ def add_parser(subparsers) -> None:
     sub = parser.add_subparsers(dest="kind", metavar="KIND", required=True)
     for kind, text in KINDS.items():
         p = sub.add_parser(kind, help=text)
-        p.add_argument("--model", metavar="PATH", help="target model directory (default: the embedded model)")
+        add_options(p, "model", model={"help": "target model directory (default: the embedded model)"})
         p.add_argument("--out", required=True, metavar="DIR", help="where the speculator (and its checkpoint) go")
         p.add_argument("--data", action="append", default=[], metavar="FILE",
                        help="extra teacher-forced text (UTF-8 .txt, or .jsonl with a \"text\" field); repeatable")
@@ -46,7 +47,7 @@ def add_parser(subparsers) -> None:
         p.add_argument("--batch-size", type=int, default=8)
         p.add_argument("--prompts", type=int, default=415,
                        help="Spec-Bench prompts used (at most 415 are not measured)")
-        p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per continuation")
+        add_options(p, "max_new_tokens", max_new_tokens={"default": 128, "help": "tokens per continuation"})
         p.add_argument("--max-prompt-tokens", type=int, default=384,
                        help="longer prompts are not continued (decoding after them is slow on a CPU); their "
                             "text still trains, teacher-forced")
@@ -64,7 +65,7 @@ def add_parser(subparsers) -> None:
         if kind == "draft":
             p.add_argument("--width", type=int, default=256, help="the draft's hidden size")
             p.add_argument("--layers", type=int, default=2, help="the draft's transformer layers")
-        p.add_argument("--seed", type=int, default=0)
+        add_options(p, "seed", seed={"default": 0})
         p.add_argument("--sequences", metavar="FILE", help="reuse the training sequences of an earlier run "
                        "(its sequences.json; skips the target's continuations)")
         p.add_argument("--resume", action="store_true", help="continue the training in --out")

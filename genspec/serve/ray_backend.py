@@ -30,6 +30,7 @@ import signal
 import threading
 
 from genspec.errors import ConfigError, GenspecError
+from genspec.serve.settings import EMBEDDED_MODEL_NAME, ServerSettings
 
 #: the name of the Ray Serve application and of its ingress deployment (the router)
 DEPLOYMENT = "genspec"
@@ -94,8 +95,8 @@ def engine_class():
     class GenspecEngine:
         """One engine and its OpenAI app, in one Ray actor."""
 
-        def __init__(self, settings: dict):
-            self.settings = settings
+        def __init__(self, settings: ServerSettings, threads: int):
+            self.settings, self.threads = settings, threads
             self.replica = serve.get_replica_context().replica_id.unique_id
             loaded, failure = threading.Event(), []
             threading.Thread(target=self._load_and_step, args=(loaded, failure), name="genspec-engine",
@@ -107,15 +108,12 @@ def engine_class():
         def _load_and_step(self, loaded: threading.Event, failure: list) -> None:
             import torch
 
-            from genspec.serve.app import create_app, load_engine
+            from genspec.serve.app import create_app
+            from genspec.serve.worker import load_engine
 
             try:
-                torch.set_num_threads(self.settings["threads"])
-                engine = load_engine(self.settings)
-                self.app = create_app(engine, self.settings["name"], max_queue=self.settings["max_queue"],
-                                      grace_s=self.settings["grace_s"], engine_thread=False,
-                                      max_body_bytes=self.settings["max_body_bytes"],
-                                      security=self.settings.get("security"))
+                torch.set_num_threads(self.threads)
+                self.app = create_app(load_engine(self.settings), self.settings, engine_thread=False)
             except BaseException as exc:  # noqa: BLE001 - raised again by __init__, in the actor
                 failure.append(exc)
                 return
@@ -147,10 +145,10 @@ def router_class():
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
 
-    from genspec.serve.app import DEFAULT_MAX_BODY_BYTES, read_body
     from genspec.serve.metrics import merge_expositions
     from genspec.serve.protocol import APIError
-    from genspec.serve.security import Gatekeeper, ServeSecurity
+    from genspec.serve.requests import read_body
+    from genspec.serve.security import Gatekeeper
 
     replica_failures = ray.exceptions.RayActorError  # ActorDiedError, ActorUnavailableError
 
@@ -160,14 +158,15 @@ def router_class():
                         code="replica_failed").body()
 
     class GenspecRouter:
-        """``security``: the engine replicas' :class:`~genspec.serve.security.ServeSecurity`. The router checks
-        the key before it reads a body or bothers a replica (and answers ``/metrics`` itself); the replicas
-        check it too, and the limits. Bodies over ``max_body_bytes`` are refused before they are read."""
+        """``settings``: the engine replicas' :class:`~genspec.serve.settings.ServerSettings`. The router
+        checks their key before it reads a body or bothers a replica (and answers ``/metrics`` itself); the
+        replicas check it too, and the limits. Bodies over ``max_body_bytes`` are refused before they are read."""
 
-        def __init__(self, engines, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, security: ServeSecurity | None = None):
+        def __init__(self, engines, settings: ServerSettings | None = None):
             self.engines = engines
-            self.max_body_bytes = max_body_bytes
-            self.gatekeeper = Gatekeeper(security or ServeSecurity())
+            settings = settings or ServerSettings()
+            self.max_body_bytes = settings.max_body_bytes
+            self.gatekeeper = Gatekeeper(settings.security)
 
         async def __call__(self, request: Request) -> Response:
             client = (request.client.host, request.client.port) if request.client else None
@@ -211,7 +210,7 @@ def router_class():
     return GenspecRouter
 
 
-def deployment(settings: dict, replicas: int | None, min_replicas: int = 1, max_replicas: int = 2,
+def deployment(settings: ServerSettings, replicas: int | None, min_replicas: int = 1, max_replicas: int = 2,
                cores: int | None = None):
     """The bound Ray Serve application: ``replicas`` fixed replicas, or (``replicas=None``) autoscaling
     between ``min_replicas`` and ``max_replicas`` on ongoing requests per replica."""
@@ -220,19 +219,19 @@ def deployment(settings: dict, replicas: int | None, min_replicas: int = 1, max_
     cores = cores or os.cpu_count() or 1
     most = replicas if replicas is not None else max_replicas
     threads = threads_per_replica(cores, most)
-    per_replica = settings["max_batch_size"] + settings["max_queue"]  # beyond it, the app answers 429
+    per_replica = settings.max_batch_size + settings.max_queue  # beyond it, the app answers 429
     options = {"ray_actor_options": {"num_cpus": threads}, "max_ongoing_requests": per_replica,
-               "graceful_shutdown_timeout_s": settings["grace_s"]}
+               "graceful_shutdown_timeout_s": settings.grace_s}
     if replicas is not None:
         options["num_replicas"] = replicas
     else:
         options["autoscaling_config"] = {"min_replicas": min_replicas, "max_replicas": max_replicas,
-                                         "target_ongoing_requests": settings["max_batch_size"]}
-    engines = serve.deployment(engine_class(), name=ENGINE_DEPLOYMENT, **options).bind({**settings, "threads": threads})
+                                         "target_ongoing_requests": settings.max_batch_size}
+    engines = serve.deployment(engine_class(), name=ENGINE_DEPLOYMENT, **options).bind(settings, threads)
     router = serve.deployment(router_class(), name=DEPLOYMENT, ray_actor_options={"num_cpus": 0},
                               max_ongoing_requests=most * per_replica,
-                              graceful_shutdown_timeout_s=settings["grace_s"] + 5)
-    return router.bind(engines, settings["max_body_bytes"], settings.get("security"))
+                              graceful_shutdown_timeout_s=settings.grace_s + 5)
+    return router.bind(engines, settings)
 
 
 def app_builder(args: dict):
@@ -246,7 +245,6 @@ def app_builder(args: dict):
     The API key comes from ``$GENSPEC_API_KEY`` (a Kubernetes Secret, never the config file); without
     one the builder refuses, unless insecure_no_api_key is true: a Serve application is reached from
     other machines."""
-    from genspec.serve.app import DEFAULT_MAX_BODY_BYTES
     from genspec.serve.security import ServeSecurity
 
     args = {key: str(value) for key, value in (args or {}).items()}
@@ -267,18 +265,17 @@ def app_builder(args: dict):
         allowed_origins=tuple(o.strip() for o in args.get("allowed_origins", "").split(",") if o.strip()),
         **{name: int(args[name]) for name in limits if name in args})
     replicas = None if args.get("replicas", "1") == "auto" else int(args.get("replicas", "1"))
-    settings = {"model": args.get("model"), "drafter": args.get("drafter", "prompt-lookup"), "draft_model": None,
-                "dtype": "float32", "extra_drafters": {}, "drafter_options": {},
-                "max_batch_size": int(args.get("max_batch_size", "8")), "max_queue": int(args.get("max_queue", "64")),
-                "grace_s": float(args.get("grace_period", "30")),
-                "max_body_bytes": int(args.get("max_body_bytes", str(DEFAULT_MAX_BODY_BYTES))),
-                "name": args.get("served_model_name", "gemma-3-270m"),
-                "measure_costs": args.get("measure_costs", "true").lower() == "true", "security": security}
+    kinds = {"model": str, "drafter": str, "max_batch_size": int, "max_queue": int, "max_body_bytes": int,
+             "grace_period": float}
+    given = {("grace_s" if name == "grace_period" else name): kind(args[name]) for name, kind in kinds.items()
+             if name in args}
+    settings = ServerSettings(**given, served_model_name=args.get("served_model_name", EMBEDDED_MODEL_NAME),
+                              measure_costs=args.get("measure_costs", "true").lower() == "true", security=security)
     return deployment(settings, replicas, int(args.get("min_replicas", "1")), int(args.get("max_replicas", "2")),
                       cores=int(args["cores"]) if "cores" in args else None)
 
 
-def run_ray(settings: dict, host: str, port: int, replicas: int | None, min_replicas: int, max_replicas: int,
+def run_ray(settings: ServerSettings, host: str, port: int, replicas: int | None, min_replicas: int, max_replicas: int,
             address: str | None) -> None:
     """Start (or join) Ray, deploy, and serve until SIGTERM / SIGINT; then shut the deployment down
     (and the local Ray instance, if this started it)."""
@@ -291,9 +288,8 @@ def run_ray(settings: dict, host: str, port: int, replicas: int | None, min_repl
     stop = threading.Event()
     previous = {}
     try:
-        security = settings.get("security")
-        keep_alive = {"keep_alive_timeout_s": max(1, round(security.keep_alive))} if security else {}
-        serve.start(http_options={"host": host, "port": port, **keep_alive})
+        serve.start(http_options={"host": host, "port": port,
+                                  "keep_alive_timeout_s": max(1, round(settings.security.keep_alive))})
         try:
             serve.run(deployment(settings, replicas, min_replicas, max_replicas), name=DEPLOYMENT, route_prefix="/")
         except RuntimeError as exc:  # a replica failed to start: Serve has its traceback in the logs

@@ -10,6 +10,9 @@ in a thread the app starts (:meth:`EngineWorker.start`). Requests join the runni
 next step boundary (continuous batching). The queue of requests waiting for a batch slot is bounded:
 a submission that would overflow it is refused at once (429), never silently delayed; one larger than
 the batch and the queue together is refused as such (400: it would never fit).
+
+The routes reach the engine through the worker only; :func:`load_engine` loads it from a server's
+:class:`~genspec.serve.settings.ServerSettings`.
 """
 from __future__ import annotations
 
@@ -19,10 +22,29 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from genspec.engine import GenerationConfig, RequestStep, RequestStats, SpeculativeEngine, StepRecord
+from genspec.engine import NO_DRAFTER, GenerationConfig, RequestStep, RequestStats, SpeculativeEngine, StepRecord
+from genspec.serve.settings import ServerSettings
 
 #: called in the engine's thread with (request id, step) for every step of a request
 Listener = Callable[[int, RequestStep], None]
+
+
+def load_engine(settings: ServerSettings, progress: Callable[[str], None] | None = None) -> SpeculativeEngine:
+    """The engine a server runs, from its settings' model, backend, drafters, dtype and batch size: loaded,
+    and with ``measure_costs`` its verify costs measured for batch sizes up to ``max_batch_size``
+    (``progress`` sees what is being measured)."""
+    import genspec
+    from genspec.calibration import measure_verify_costs
+
+    engine = genspec.load(settings.model, drafter=settings.drafter, draft_model=settings.draft_model,
+                          dtype=settings.dtype, extra_drafters=settings.extra_drafters,
+                          max_batch_size=settings.max_batch_size, backend=settings.model_backend,
+                          **settings.drafter_options)
+    if settings.measure_costs:
+        most = settings.max_batch_size
+        batches = sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1)))
+        measure_verify_costs(engine.target, engine.costs, batches=batches, progress=progress)
+    return engine
 
 
 class QueueFull(Exception):
@@ -96,6 +118,25 @@ class EngineWorker:
     @property
     def accepting(self) -> bool:
         return self._accepting
+
+    # what the routes know of the engine (they reach it through this worker only)
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_context(self) -> int | None:
+        """The model's context length (None: unbounded)."""
+        return self.engine.target.max_context
+
+    @property
+    def default_drafter(self) -> str:
+        return self.engine.default_drafter
+
+    @property
+    def drafters(self) -> list[str]:
+        """The drafters a request may choose, ``none`` first."""
+        return [NO_DRAFTER, *self.engine.drafters]
 
     def submit(self, prompts: list[list[int]], configs: list[GenerationConfig], sample_indices: list[int],
                listener: Listener) -> Future:
