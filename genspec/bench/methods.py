@@ -3,7 +3,7 @@
 Syntax: a comma-separated list of ``NAME[:KEY=VALUE[:KEY=VALUE...]]``.
 
 - NAME is a genspec drafter (``prompt-lookup``, ``quantized``, ``hierarchical``, ... see
-  :data:`genspec.api.DRAFTERS`) or a Hugging Face baseline (:data:`HF_METHODS`).
+  :data:`genspec.drafters.registry.DRAFTERS`) or a Hugging Face baseline (:data:`HF_METHODS`).
 - VALUE is read as JSON when it parses (``exit_layer=4``, ``skip=[3,5,7]``; commas inside brackets do
   not split methods), else as a string; ``+`` joins list items: ``levels=prompt-lookup+quantized``.
 - For genspec methods, ``k=N`` and ``draft_length=fixed|heuristic|cost`` set the engine's draft length
@@ -89,7 +89,7 @@ def _value(text: str):
 def parse_method(text: str, draft_model: str | None = None, backend: str = "torch") -> MethodSpec:
     """One method spec for a run on ``backend`` (``torch`` or ``llamacpp``); raises :class:`ConfigError`
     with a one-line reason when it is not valid."""
-    from genspec.api import DRAFTERS as drafters
+    from genspec.drafters.registry import DRAFTERS as drafters
     head, *option_texts = split_top_level(text, ":")
     name = head.strip()
     options, overrides = {}, {}

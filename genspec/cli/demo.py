@@ -115,7 +115,7 @@ def greedy_check_passes(match: bool, target) -> bool:
 
 def run_demo(args) -> int:
     import genspec
-    from genspec.api import check_drafter
+    from genspec.drafters.registry import check_drafter
     from genspec.engine import NO_DRAFTER, GenerationConfig, SpeculativeEngine
     from genspec.strict_json import dumps
 

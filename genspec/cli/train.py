@@ -148,7 +148,7 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     import genspec
-    from genspec.api import DRAFTERS
+    from genspec.drafters.registry import DRAFTERS
     from genspec.models.distilled import DraftConfig
     from genspec.models.draft_head import HeadConfig, MedusaConfig
     from genspec.models.hf import HFCausalLM
