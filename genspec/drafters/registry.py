@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import types
 import typing
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from genspec.drafters.base import Drafter
 from genspec.drafters.distilled import DistilledDrafter
@@ -21,6 +23,16 @@ from genspec.drafters.self_speculation import EarlyExitDrafter, LayerSkipDrafter
 from genspec.drafters.suffix import SuffixDrafter
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM
+from genspec.models.draft_head import HEAD_CONFIG
+
+
+def draft_model_drafter(target: CausalLM, draft_model: str | CausalLM | None = None, num_drafts: int = 1,
+                        confidence_threshold: float = 0.0) -> DraftModelDrafter:
+    """``draft-model``: :meth:`DraftModelDrafter.for_target`, or :class:`DistilledDrafter` for a directory
+    ``genspec train draft`` wrote."""
+    if isinstance(draft_model, (str, os.PathLike)) and (Path(draft_model) / HEAD_CONFIG).is_file():
+        return DistilledDrafter.for_target(target, str(draft_model), num_drafts, confidence_threshold)
+    return DraftModelDrafter.for_target(target, draft_model, num_drafts, confidence_threshold)
 
 
 def hierarchical_drafter(target: CausalLM, levels: list[str] | str = DEFAULT_LEVELS,
@@ -43,7 +55,7 @@ def hierarchical_drafter(target: CausalLM, levels: list[str] | str = DEFAULT_LEV
 DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
     "none": None,
     "prompt-lookup": PromptLookupDrafter.for_target,
-    "draft-model": DraftModelDrafter.for_target,
+    "draft-model": draft_model_drafter,
     "early-exit": EarlyExitDrafter.for_target,
     "layer-skip": LayerSkipDrafter.for_target,
     "quantized": QuantizedDrafter.for_target,
