@@ -57,7 +57,7 @@ def model_info(path, target) -> dict:
             "architecture": (getattr(config, "architectures", None) or [type(target.model).__name__])[0],
             "num_layers": target.num_layers, "vocab_size": target.vocab_size, "dtype": str(target.dtype),
             "max_context": target.max_context,
-            # the LM head's kernel per row count when the run ended (timed per process: models/head.py)
+            # the LM head's kernel per row count when the run ended (timed per process: genspec/kernels.py)
             "lm_head_kernels": None if head is None else {str(rows): k for rows, k in sorted(head.chosen().items())}}
 
 

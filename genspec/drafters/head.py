@@ -44,7 +44,7 @@ class _Row:
 
 
 #: the head drafts a tree of this many nodes unless told otherwise (``tree_nodes=0``: a chain). Where a
-#: verify block of 5 tokens costs what one of 2 does (oneDNN's packed GEMM, genspec/models/head.py), a
+#: verify block of 5 tokens costs what one of 2 does (oneDNN's packed GEMM, genspec/kernels.py), a
 #: 4-node tree beats the cost policy's chain on the prompts no run measures (the 3rd of each category,
 #: 128 tokens, 2-core AMD EPYC): head 1.45x against 1.32x plain greedy and 1.34x against 1.13x
 #: at temperature 0.7 (top-p 0.9), the suffix hybrid 3.01x against 2.73x and 2.28x against 1.84x (``genspec
