@@ -86,7 +86,7 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
         from genspec.models.llamacpp import LlamaCppLM
 
         if path is None:
-            from genspec.models.default import default_gguf_path
+            from genspec.embedded import default_gguf_path
 
             gguf = default_gguf_path()
             from transformers import AutoTokenizer
@@ -96,7 +96,7 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
         return LlamaCppLM.from_gguf(path, max_rows=max_rows or 8, device=device)
     check_dtype(path, dtype)
     if path is None:
-        from genspec.models.default import default_model_dir
+        from genspec.embedded import default_model_dir
 
         path = default_model_dir()  # verified against its checksums, rebuilt if damaged
         try:
@@ -115,7 +115,7 @@ def model_context(path: str | None = None, backend: "str | Backend" = Backend.AU
 
         return DEFAULT_CONTEXT if path is None else gguf_context(path)
     if path is None:
-        from genspec.models.default import default_model_dir
+        from genspec.embedded import default_model_dir
 
         path = default_model_dir()
     return HFCausalLM.context_of(path)

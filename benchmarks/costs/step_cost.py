@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import torch.utils.mkldnn
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from genspec.models.default import default_model_dir
+from genspec.embedded import default_model_dir
 from genspec.kernels import LMHead
 from genspec.models.hf import HFCausalLM
 

@@ -85,7 +85,7 @@ def execute(s: dict, prompts, console, command: str) -> dict:
         target = genspec.load_model(None if model_path is None else str(model_path), dtype=s["dtype"],
                                     backend=backend, max_rows=1)
         if model_path is None:  # the embedded model (load_model refuses a dtype it cannot run in)
-            from genspec.models.default import default_gguf_path, default_model_dir
+            from genspec.embedded import default_gguf_path, default_model_dir
 
             model_path = default_gguf_path() if backend == "llamacpp" else default_model_dir()
     eos = list(target.eos_token_ids)  # what generate() stops at too: the tokenizer's and the model's

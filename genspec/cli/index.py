@@ -43,7 +43,7 @@ def _usage(parser) -> int:
 def load_tokenizer(model: str | None):
     """The tokenizer of a local model directory (default: the embedded model's), never from the network."""
     if model is None:
-        from genspec.models.default import default_model_dir
+        from genspec.embedded import default_model_dir
 
         model = default_model_dir()
     path = Path(model)
