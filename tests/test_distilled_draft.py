@@ -12,8 +12,8 @@ from tiny_models import peaked, sampled_continuations, tiny_llama
 from genspec.drafters.distilled import DistilledDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.models import HFCausalLM
-from genspec.models.distilled import DistilledDraft, DistilledLM, DraftConfig
 from genspec.sampling import SamplingConfig
+from genspec.speculators.distilled import DistilledDraft, DistilledLM, DraftConfig
 from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
 
 

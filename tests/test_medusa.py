@@ -13,8 +13,8 @@ from genspec.drafters.medusa import MedusaDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
-from genspec.models.draft_head import DraftHead, HeadConfig, MedusaConfig, MedusaHeads, load_head, save_head, target_fingerprint
 from genspec.sampling import SamplingConfig
+from genspec.speculators.head import DraftHead, HeadConfig, MedusaConfig, MedusaHeads, load_head, save_head, target_fingerprint
 from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
 
 

@@ -209,7 +209,7 @@ def _in_a_batch(engine: SpeculativeEngine, config: GenerationConfig) -> list[int
 
 def _head_tree(target, tree_nodes: int = 6):
     from genspec.drafters.head import HeadDrafter
-    from genspec.models.draft_head import DraftHead, HeadConfig
+    from genspec.speculators.head import DraftHead, HeadConfig
 
     torch.manual_seed(0)
     head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
@@ -220,7 +220,7 @@ def _head_tree(target, tree_nodes: int = 6):
 
 def _medusa_chain(target):
     from genspec.drafters.medusa import MedusaDrafter
-    from genspec.models.draft_head import MedusaConfig, MedusaHeads
+    from genspec.speculators.head import MedusaConfig, MedusaHeads
 
     torch.manual_seed(0)
     heads = MedusaHeads(MedusaConfig(64, 3))

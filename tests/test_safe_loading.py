@@ -10,7 +10,7 @@ from tiny_models import sampled_continuations, tiny_llama
 
 from genspec.errors import InputFileError
 from genspec.models import HFCausalLM
-from genspec.models.draft_head import HeadConfig
+from genspec.speculators.head import HeadConfig
 from genspec.train.head import CHECKPOINT, TrainSettings, choose_vocabulary, load_checkpoint, record_features, train_head
 
 

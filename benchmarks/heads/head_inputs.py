@@ -43,8 +43,8 @@ import torch
 from torch import nn
 
 import genspec
-from genspec.models.distilled import local_ids
-from genspec.models.draft_head import DraftHead, HeadConfig
+from genspec.speculators.distilled import local_ids
+from genspec.speculators.head import DraftHead, HeadConfig
 from genspec.train.data import Sequences
 from genspec.train.head import Teacher, TrainSettings, choose_vocabulary, cut_pieces, feature_loss, pad_batch
 

@@ -3,7 +3,7 @@
     python benchmarks/heads/next_token_layer_state.py --layers 0,3,6 --steps 400 \
         --outputs benchmarks/results/head_studies/answers.json
 
-The shipped head (:class:`genspec.models.draft_head.DraftHead`) reads the pair (target feature at i, the
+The shipped head (:class:`genspec.speculators.head.DraftHead`) reads the pair (target feature at i, the
 *embedding* of token i + 1). Here the second part is the target's layer-L state of token i + 1
 (``hidden_states[L]``: the output of its first L layers, which have attended over the whole context; L = 0
 is the embedding, the shipped input). One head per L, same shape, loss, noise, seed and 400 steps
@@ -28,8 +28,8 @@ import genspec
 from genspec.bench.prompts import encode_prompt, load_spec_bench
 from genspec.drafters.trained import load_for_target
 from genspec.engine import SpeculativeEngine
-from genspec.models.distilled import local_ids
-from genspec.models.draft_head import DraftHead, HeadConfig
+from genspec.speculators.distilled import local_ids
+from genspec.speculators.head import DraftHead, HeadConfig
 from genspec.train.head import Teacher, TrainSettings, cut_pieces, feature_loss, pad_batch
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

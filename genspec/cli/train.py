@@ -137,7 +137,7 @@ def _layer_list(text: str, num_layers: int) -> tuple[int, ...]:
 
 
 def _fingerprint(target) -> str:
-    from genspec.models.draft_head import target_fingerprint
+    from genspec.speculators.head import target_fingerprint
 
     return target_fingerprint(target)
 
@@ -149,8 +149,8 @@ def run(args) -> int:
 
     import genspec
     from genspec.drafters.registry import DRAFTERS
-    from genspec.models.distilled import DraftConfig
-    from genspec.models.draft_head import HeadConfig, MedusaConfig
+    from genspec.speculators.distilled import DraftConfig
+    from genspec.speculators.head import HeadConfig, MedusaConfig
     from genspec.models.hf import HFCausalLM
     from genspec.train.data import held_out_acceptance
     from genspec.train.head import TrainSettings, choose_vocabulary, record_features, resumable_state, train_head
@@ -224,7 +224,7 @@ def _record(out: Path, entries: dict) -> None:
     """Add ``entries`` to the ``info`` of the saved speculator in ``out``."""
     import json
 
-    from genspec.models.draft_head import HEAD_CONFIG
+    from genspec.speculators.head import HEAD_CONFIG
 
     meta = json.loads((out / HEAD_CONFIG).read_text())
     meta["info"].update(entries)

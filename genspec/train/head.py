@@ -1,4 +1,4 @@
-"""Training a draft head or Medusa heads (:mod:`genspec.models.draft_head`) on the target's own features.
+"""Training a draft head or Medusa heads (:mod:`genspec.speculators.head`) on the target's own features.
 
 Data: token sequences (the target's own continuations of prompts the benchmark never measures, and
 teacher-forced text); the target runs over each once and its features (the LM head's inputs) are kept.
@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from genspec.errors import ConfigError, InputFileError
-from genspec.models.distilled import DistilledDraft, local_ids
-from genspec.models.draft_head import HEAD_CONFIG, KINDS, DraftHead, MedusaHeads, save_head, target_fingerprint
+from genspec.speculators.distilled import DistilledDraft, local_ids
+from genspec.speculators.head import HEAD_CONFIG, KINDS, DraftHead, MedusaHeads, save_head, target_fingerprint
 
 #: the training state, beside the saved head in the output directory
 CHECKPOINT = "checkpoint.pt"

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from genspec.models.distilled import DistilledDraft, DraftConfig
+from genspec.speculators.distilled import DistilledDraft, DraftConfig
 
 
 @dataclass(frozen=True)
