@@ -14,7 +14,9 @@ from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
 from genspec.sampling import SamplingConfig
-from genspec.speculators.head import DraftHead, HeadConfig, MedusaConfig, MedusaHeads, load_head, save_head, target_fingerprint
+from genspec.speculators.head import DraftHead, HeadConfig
+from genspec.speculators.medusa import MedusaConfig, MedusaHeads
+from genspec.speculators.store import load_head, save_head, target_fingerprint
 from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
 
 

@@ -220,7 +220,7 @@ def _head_tree(target, tree_nodes: int = 6):
 
 def _medusa_chain(target):
     from genspec.drafters.medusa import MedusaDrafter
-    from genspec.speculators.head import MedusaConfig, MedusaHeads
+    from genspec.speculators.medusa import MedusaConfig, MedusaHeads
 
     torch.manual_seed(0)
     heads = MedusaHeads(MedusaConfig(64, 3))

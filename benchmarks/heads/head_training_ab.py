@@ -29,7 +29,8 @@ import torch
 
 import genspec
 from genspec.speculators.distilled import local_ids
-from genspec.speculators.head import HeadConfig, load_head
+from genspec.speculators.head import HeadConfig
+from genspec.speculators.store import load_head
 from genspec.train.data import Sequences, read_texts, teacher_forced
 from genspec.train.head import Teacher, TrainSettings, choose_vocabulary, head_loss, record_features, train_head
 

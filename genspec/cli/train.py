@@ -137,7 +137,7 @@ def _layer_list(text: str, num_layers: int) -> tuple[int, ...]:
 
 
 def _fingerprint(target) -> str:
-    from genspec.speculators.head import target_fingerprint
+    from genspec.speculators.store import target_fingerprint
 
     return target_fingerprint(target)
 
@@ -150,7 +150,8 @@ def run(args) -> int:
     import genspec
     from genspec.drafters.registry import DRAFTERS
     from genspec.speculators.distilled import DraftConfig
-    from genspec.speculators.head import HeadConfig, MedusaConfig
+    from genspec.speculators.head import HeadConfig
+    from genspec.speculators.medusa import MedusaConfig
     from genspec.models.hf import HFCausalLM
     from genspec.train.data import held_out_acceptance
     from genspec.train.head import TrainSettings, choose_vocabulary, record_features, resumable_state, train_head
@@ -224,7 +225,7 @@ def _record(out: Path, entries: dict) -> None:
     """Add ``entries`` to the ``info`` of the saved speculator in ``out``."""
     import json
 
-    from genspec.speculators.head import HEAD_CONFIG
+    from genspec.speculators.store import HEAD_CONFIG
 
     meta = json.loads((out / HEAD_CONFIG).read_text())
     meta["info"].update(entries)

@@ -23,7 +23,7 @@ from genspec.drafters.self_speculation import EarlyExitDrafter, LayerSkipDrafter
 from genspec.drafters.suffix import SuffixDrafter
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM
-from genspec.speculators.head import HEAD_CONFIG
+from genspec.speculators.store import HEAD_CONFIG
 
 
 def draft_model_drafter(target: CausalLM, draft_model: str | CausalLM | None = None, num_drafts: int = 1,

@@ -106,7 +106,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "data" / "speculators"
 def load_for_target(target, path: str | None, kind: str):
     """``(module, vocab_ids)`` of the trained ``kind`` at ``path`` (default: the one shipped for the
     embedded model), checked against ``target`` by its fingerprint."""
-    from genspec.speculators.head import load_head, target_fingerprint
+    from genspec.speculators.store import load_head, target_fingerprint
     from genspec.models.hf import HFCausalLM
 
     if not isinstance(target, HFCausalLM):

@@ -24,7 +24,9 @@ import torch
 
 from genspec.errors import ConfigError, InputFileError
 from genspec.speculators.distilled import DistilledDraft, local_ids
-from genspec.speculators.head import HEAD_CONFIG, KINDS, DraftHead, MedusaHeads, save_head, target_fingerprint
+from genspec.speculators.head import DraftHead
+from genspec.speculators.medusa import MedusaHeads
+from genspec.speculators.store import HEAD_CONFIG, KINDS, save_head, target_fingerprint
 
 #: the training state, beside the saved head in the output directory
 CHECKPOINT = "checkpoint.pt"
