@@ -20,7 +20,9 @@ from genspec.models.hf import TransposedLinear
 from genspec.sampling import SamplingConfig
 from genspec.speculators.head import DraftHead, HeadConfig
 from genspec.speculators.store import load_head, save_head, target_fingerprint
-from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
+from genspec.train.data import choose_vocabulary, record_features
+from genspec.train.loop import train_head
+from genspec.train.settings import TrainSettings
 
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
 

@@ -17,7 +17,7 @@ from genspec.engine import SpeculativeEngine, _own_hidden
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
 from genspec.speculators.head import DraftHead, HeadConfig
-from genspec.train.head import record_features
+from genspec.train.data import record_features
 
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, feature_layers=(1,))
 

@@ -1,6 +1,6 @@
 """``genspec train KIND``: train a speculator for a model on this machine.
 
-- ``head``: an EAGLE-style draft head on the target's own features (:mod:`genspec.train.head`), used
+- ``head``: an EAGLE-style draft head on the target's own features (:mod:`genspec.speculators.head`), used
   with ``--drafter head -O path=DIR``;
 - ``medusa``: Medusa-1 heads on the target's last feature, used with ``--drafter medusa -O path=DIR``;
 - ``draft``: a tiny standalone draft model distilled from the target, ``--drafter draft -O path=DIR``.
@@ -79,7 +79,7 @@ def _check_files(args, out: Path):
     from genspec.cli.bench import check_output_dir
     from genspec.errors import InputFileError
     from genspec.train.data import SEQUENCES, Sequences, read_texts
-    from genspec.train.head import resumable_state
+    from genspec.train.loop import resumable_state
 
     if out.exists() and not out.is_dir():
         raise InputFileError(f"--out {out} is a file; give a directory (the speculator's files go in it)")
@@ -154,7 +154,9 @@ def run(args) -> int:
     from genspec.speculators.medusa import MedusaConfig
     from genspec.models.hf import HFCausalLM
     from genspec.train.data import held_out_acceptance
-    from genspec.train.head import TrainSettings, choose_vocabulary, record_features, resumable_state, train_head
+    from genspec.train.data import choose_vocabulary, record_features
+    from genspec.train.loop import resumable_state, train_head
+    from genspec.train.settings import TrainSettings
     from genspec.train.plots import training_curve
 
     for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size", "num_heads", "width", "layers"):
