@@ -13,10 +13,12 @@ from collections.abc import Mapping
 
 from genspec.checks import integer
 from genspec.drafters.registry import DRAFTERS, build_drafter, check_drafter  # noqa: F401 (genspec.api.DRAFTERS)
+from genspec.embedded import default_gguf_path, default_model_dir
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
 from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM, parse_device, parse_dtype
+from genspec.models.llamacpp import DEFAULT_CONTEXT, LlamaCppLM, gguf_context
 
 
 #: dtypes the embedded model cannot run in, and why. float16: Gemma 3's residual stream outgrows float16's
@@ -83,21 +85,15 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
     if backend is Backend.LLAMACPP:
         if dtype != "float32":
             raise ConfigError(f"dtype {dtype} applies to the torch backend; a GGUF model keeps its own quantisation")
-        from genspec.models.llamacpp import LlamaCppLM
-
         if path is None:
-            from genspec.embedded import default_gguf_path
-
             gguf = default_gguf_path()
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # here: 3 s that `import genspec` does not spend otherwise
 
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True)
             return LlamaCppLM(gguf, tokenizer, max_rows=max_rows or 8, device=device)
         return LlamaCppLM.from_gguf(path, max_rows=max_rows or 8, device=device)
     check_dtype(path, dtype)
     if path is None:
-        from genspec.embedded import default_model_dir
-
         path = default_model_dir()  # verified against its checksums, rebuilt if damaged
         try:
             return HFCausalLM.from_pretrained(path, dtype=dtype, device=device)
@@ -111,12 +107,8 @@ def model_context(path: str | None = None, backend: "str | Backend" = Backend.AU
     """The context length (tokens) of the model at ``path`` (None: the embedded one) on ``backend``, read
     without loading weights; None if it says none or cannot be read (loading then reports why)."""
     if resolve_backend(path, backend) is Backend.LLAMACPP:
-        from genspec.models.llamacpp import DEFAULT_CONTEXT, gguf_context
-
         return DEFAULT_CONTEXT if path is None else gguf_context(path)
     if path is None:
-        from genspec.embedded import default_model_dir
-
         path = default_model_dir()
     return HFCausalLM.context_of(path)
 

@@ -104,12 +104,12 @@ def test_nan_logits_are_one_line_in_the_cli(capsys, tmp_path):
 def test_embedded_model_in_float16_is_refused_before_loading(monkeypatch, capsys):
     """A dtype the embedded model cannot work in (float16: its activations overflow at the first token)
     is refused with one line naming it, before anything is loaded or converted."""
-    import genspec.embedded as embedded
+    import genspec.api
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(embedded, "default_model_dir", must_not_load)
+    monkeypatch.setattr(genspec.api, "default_model_dir", must_not_load)
     with pytest.raises(ConfigError, match="float16"):
         genspec.load_model(None, dtype="float16")
     _one_line_error(capsys, ["generate", "--prompt", "hi", "--dtype", "float16"], "dtype float16 cannot work")

@@ -25,10 +25,13 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
-from genspec.errors import ConfigError, InputFileError
-from genspec.models.base import CausalLM, PrefixKV
+from genspec.errors import ConfigError, ContextLengthError, InputFileError
 from genspec.kernels import LMHead, PackedWeight, needs_grad, packable, weight_times_rows
+from genspec.models.base import CausalLM, PrefixKV
+
+# transformers is imported where it is used: `import genspec` would otherwise spend 3 s on it
 
 #: files that make a model directory's tokenizer (if one is there but does not load, that is an error)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -172,9 +175,7 @@ class HFCausalLM(CausalLM):
         path = Path(path)
         if not path.is_dir() or not (path / "config.json").is_file():
             raise InputFileError(f"no model at {path}: expected a directory with config.json and weights")
-        from safetensors import SafetensorError  # a truncated or overwritten weights file
-
-        try:
+        try:  # SafetensorError: a truncated or overwritten weights file
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
         except (OSError, ValueError, SafetensorError) as exc:
             raise InputFileError(f"cannot load model from {path}: {_first_line(exc)}") from exc
@@ -422,8 +423,6 @@ class HFCausalLM(CausalLM):
         depth = (tree_mask & valid.unsqueeze(1)).sum(-1) - 1
         query_positions = self._lengths.unsqueeze(1) + depth.clamp(min=0)
         if self.max_context is not None and int(query_positions.masked_fill(~valid, 0).max()) >= self.max_context:
-            from genspec.errors import ContextLengthError
-
             raise ContextLengthError(f"sequence would exceed the model's context of {self.max_context} tokens")
         masks = self._attention_masks(query_positions, tree_mask, valid)
         self._block_start = self.num_slots
