@@ -12,6 +12,9 @@ import os
 import sys
 from pathlib import Path
 
+from rich.console import Console
+
+from genspec.api import resolve_backend
 from genspec.cli import finite_float
 from genspec.cli.generate import parse_option
 from genspec.errors import ConfigError, InputFileError
@@ -146,7 +149,6 @@ def run_serve(args) -> int:
     if max_body_bytes < 1:
         raise ConfigError(f"--max-body-bytes must be >= 1, got {max_body_bytes}")
     security = security_settings(args)
-    from genspec.api import resolve_backend
 
     model_backend = resolve_backend(args.model, args.model_backend, args.dtype).value  # a bad pair fails early
     settings = {"model": args.model, "model_backend": model_backend, "drafter": args.drafter,
@@ -159,7 +161,6 @@ def run_serve(args) -> int:
                 "measure_costs": not args.no_cost_measurement, "security": security}
     if args.backend == "ray":
         return _run_ray(args, settings)
-    from rich.console import Console
 
     from genspec.serve.app import create_app, load_engine, run_server
 
