@@ -1,9 +1,9 @@
 """The drafter registry: every drafter by name (``--drafter NAME``), its options checked, built for a target."""
 from __future__ import annotations
 
+import os
 import types
 import typing
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -51,7 +51,8 @@ def hierarchical_drafter(target: CausalLM, levels: list[str] | str = DEFAULT_LEV
     return HierarchicalDrafter.stack(stack)
 
 
-#: drafter name -> its factory ``for_target(target, **options)``; ``none`` means plain decoding
+#: drafter name -> its factory ``(target, **options) -> Drafter`` (a class's ``for_target``, or one of the functions
+#: above where the name picks or stacks classes); ``none`` means plain decoding
 DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
     "none": None,
     "prompt-lookup": PromptLookupDrafter.for_target,
