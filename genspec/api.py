@@ -9,27 +9,16 @@ from __future__ import annotations
 import enum
 import importlib.util
 import os
-import types
-import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from genspec.drafters import DraftModelDrafter, Drafter, PromptLookupDrafter
-from genspec.drafters.edit import EditDrafter
-from genspec.drafters.head import HeadDrafter
-from genspec.drafters.distilled import DistilledDrafter
-from genspec.drafters.hybrid import HybridDrafter
-from genspec.drafters.medusa import MedusaDrafter
-from genspec.drafters.hierarchical import HierarchicalDrafter
-from genspec.drafters.lookahead import LookaheadDrafter
-from genspec.drafters.ngram_cache import NGramCacheDrafter
-from genspec.drafters.retrieval import RetrievalDrafter
-from genspec.drafters.self_speculation import EarlyExitDrafter, LayerSkipDrafter, QuantizedDrafter
-from genspec.drafters.suffix import SuffixDrafter
 from genspec.checks import integer
+from genspec.drafters.registry import DRAFTERS, build_drafter, check_drafter  # noqa: F401 (genspec.api.DRAFTERS)
+from genspec.embedded import default_gguf_path, default_model_dir
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
 from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM, parse_device, parse_dtype
+from genspec.models.llamacpp import DEFAULT_CONTEXT, LlamaCppLM, gguf_context
 
 
 #: dtypes the embedded model cannot run in, and why. float16: Gemma 3's residual stream outgrows float16's
@@ -96,21 +85,15 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
     if backend is Backend.LLAMACPP:
         if dtype != "float32":
             raise ConfigError(f"dtype {dtype} applies to the torch backend; a GGUF model keeps its own quantisation")
-        from genspec.models.llamacpp import LlamaCppLM
-
         if path is None:
-            from genspec.models.default import default_gguf_path
-
             gguf = default_gguf_path()
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # here: 3 s that `import genspec` does not spend otherwise
 
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True)
             return LlamaCppLM(gguf, tokenizer, max_rows=max_rows or 8, device=device)
         return LlamaCppLM.from_gguf(path, max_rows=max_rows or 8, device=device)
     check_dtype(path, dtype)
     if path is None:
-        from genspec.models.default import default_model_dir
-
         path = default_model_dir()  # verified against its checksums, rebuilt if damaged
         try:
             return HFCausalLM.from_pretrained(path, dtype=dtype, device=device)
@@ -124,76 +107,10 @@ def model_context(path: str | None = None, backend: "str | Backend" = Backend.AU
     """The context length (tokens) of the model at ``path`` (None: the embedded one) on ``backend``, read
     without loading weights; None if it says none or cannot be read (loading then reports why)."""
     if resolve_backend(path, backend) is Backend.LLAMACPP:
-        from genspec.models.llamacpp import DEFAULT_CONTEXT, gguf_context
-
         return DEFAULT_CONTEXT if path is None else gguf_context(path)
     if path is None:
-        from genspec.models.default import default_model_dir
-
         path = default_model_dir()
     return HFCausalLM.context_of(path)
-
-
-#: drafter name -> its factory ``for_target(target, **options)``; ``none`` means plain decoding
-DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
-    "none": None,
-    "prompt-lookup": PromptLookupDrafter.for_target,
-    "draft-model": DraftModelDrafter.for_target,
-    "early-exit": EarlyExitDrafter.for_target,
-    "layer-skip": LayerSkipDrafter.for_target,
-    "quantized": QuantizedDrafter.for_target,
-    "hierarchical": HierarchicalDrafter.for_target,
-    "ngram-cache": NGramCacheDrafter.for_target,
-    "suffix": SuffixDrafter.for_target,
-    "retrieval": RetrievalDrafter.for_target,
-    "edit": EditDrafter.for_target,
-    "lookahead": LookaheadDrafter.for_target,
-    "head": HeadDrafter.for_target,
-    "hybrid": HybridDrafter.for_target,
-    "medusa": MedusaDrafter.for_target,
-    "draft": DistilledDrafter.for_target,
-}
-
-
-def _check_option_types(name: str, factory: Callable, options: Mapping[str, object]) -> None:
-    """A clear error for an option of the wrong type (``-O first_threshold=abc``), judged by the factory's
-    annotations where they name plain types; an int passes for a float."""
-    try:
-        hints = typing.get_type_hints(factory)
-    except (NameError, TypeError):  # annotations that do not resolve: left to the factory
-        return
-    for key, value in options.items():
-        want = hints.get(key)
-        allowed = typing.get_args(want) if isinstance(want, types.UnionType) else (want,)
-        if not all(isinstance(t, type) for t in allowed):
-            continue  # a generic such as list[str]: left to the factory
-        accepted = allowed + ((int,) if float in allowed else ())
-        if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in allowed):
-            names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
-            raise ConfigError(f"drafter {name!r} option {key}={value!r}: expected {names}")
-
-
-def check_drafter(name: str, options: Mapping[str, object] | None = None) -> None:
-    """Refuse, before anything loads, an unknown drafter name and the draft-model drafter without a draft model."""
-    if name not in DRAFTERS:
-        raise ConfigError(f"unknown drafter {name!r}; choose from: {', '.join(DRAFTERS)}")
-    if name == "draft-model" and (options or {}).get("draft_model") is None:
-        raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
-
-
-def build_drafter(name: str, target: CausalLM, **options) -> Drafter | None:
-    """The drafter called ``name`` for ``target`` (None for ``"none"``)."""
-    check_drafter(name, options)
-    factory = DRAFTERS[name]
-    if factory is None:
-        return None
-    _check_option_types(name, factory, options)
-    try:
-        return factory(target, **options)
-    except TypeError as exc:
-        if "unexpected keyword argument" in str(exc):
-            raise ConfigError(f"drafter {name!r} does not take option {str(exc).split('argument')[-1].strip()}") from exc
-        raise
 
 
 def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: str | None = None,

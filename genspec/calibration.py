@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
+from genspec.models import variants
 from genspec.textfiles import read_utf8_text
 from genspec.theory.leviathan import expected_tokens_per_call
 
@@ -34,8 +36,6 @@ Progress = Callable[[str], None]
 # ---------------------------------------------------------------- measurements
 def calibration_text(target, tokens: int) -> list[list[int]]:
     """Prompt + the target's own greedy continuation, per calibration prompt (the text drafts must match)."""
-    from genspec.engine import SpeculativeEngine
-
     engine = SpeculativeEngine(target)
     prompts = [target.tokenizer(p)["input_ids"] for p in CALIBRATION_PROMPTS]
     results = engine.generate_ids(prompts, max_new_tokens=tokens, eos_token_ids=())
@@ -112,8 +112,6 @@ def search_early_exit(target, num_draft_tokens: int = 4, tokens: int = 48,
     """The exit layer of the best predicted speedup, tried one by one. Returns ``{"exit_layer", "alpha",
     "predicted_speedup", "num_draft_tokens", "plain_step_s", "verify_step_s", "candidates"}`` (what
     ``genspec calibrate early-exit`` saves); ``tokens`` calibration tokens are generated per prompt."""
-    from genspec.models import variants
-
     total = variants.num_layers(target)
     evaluate = _Evaluator(target, num_draft_tokens, tokens, progress)
     candidates = []
@@ -129,8 +127,6 @@ def search_layer_skip(target, num_draft_tokens: int = 4, tokens: int = 48,
     """The layers to skip, chosen greedily: add the layer whose removal helps the predicted speedup
     most, while it helps (the first and last layers stay). Returns ``{"skip", ...}`` like
     :func:`search_early_exit`."""
-    from genspec.models import variants
-
     total = variants.num_layers(target)
     evaluate = _Evaluator(target, num_draft_tokens, tokens, progress)
     candidates = []

@@ -20,7 +20,8 @@ from genspec.drafters.medusa import MedusaDrafter
 from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.errors import ConfigError, ContextLengthError
 from genspec.models import HFCausalLM
-from genspec.models.draft_head import DraftHead, HeadConfig, MedusaConfig, MedusaHeads
+from genspec.speculators.head import DraftHead, HeadConfig
+from genspec.speculators.medusa import MedusaConfig, MedusaHeads
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [10, 11, 12], [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4], [20, 21, 20, 21, 20],
            [30, 31, 32, 33, 30, 31], [40, 41]]

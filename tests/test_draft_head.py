@@ -17,9 +17,12 @@ from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
 from genspec.models import HFCausalLM
 from genspec.models.hf import TransposedLinear
-from genspec.models.draft_head import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
 from genspec.sampling import SamplingConfig
-from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
+from genspec.speculators.head import DraftHead, HeadConfig
+from genspec.speculators.store import load_head, save_head, target_fingerprint
+from genspec.train.data import choose_vocabulary, record_features
+from genspec.train.loop import train_head
+from genspec.train.settings import TrainSettings
 
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128)
 

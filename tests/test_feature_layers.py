@@ -16,8 +16,8 @@ from genspec.drafters.head import HeadDrafter
 from genspec.engine import SpeculativeEngine, _own_hidden
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
-from genspec.models.draft_head import DraftHead, HeadConfig
-from genspec.train.head import record_features
+from genspec.speculators.head import DraftHead, HeadConfig
+from genspec.train.data import record_features
 
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, feature_layers=(1,))
 
@@ -143,7 +143,7 @@ def test_recorded_features_hold_the_final_features_then_the_layers_then_the_toke
 
 
 def test_a_fused_head_saved_and_loaded_keeps_its_layers(tmp_path, tiny_target):
-    from genspec.models.draft_head import load_head, save_head, target_fingerprint
+    from genspec.speculators.store import load_head, save_head, target_fingerprint
 
     head = DraftHead(replace(SMALL, feature_layers=[1]))  # a list (as JSON gives it) becomes a tuple
     assert head.config.feature_layers == (1,) and head.config.feature_width == 128

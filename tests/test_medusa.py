@@ -13,9 +13,13 @@ from genspec.drafters.medusa import MedusaDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
-from genspec.models.draft_head import DraftHead, HeadConfig, MedusaConfig, MedusaHeads, load_head, save_head, target_fingerprint
 from genspec.sampling import SamplingConfig
-from genspec.train.head import TrainSettings, choose_vocabulary, record_features, train_head
+from genspec.speculators.head import DraftHead, HeadConfig
+from genspec.speculators.medusa import MedusaConfig, MedusaHeads
+from genspec.speculators.store import load_head, save_head, target_fingerprint
+from genspec.train.data import choose_vocabulary, record_features
+from genspec.train.loop import train_head
+from genspec.train.settings import TrainSettings
 
 
 def _heads(hidden: int = 64, num_heads: int = 3, seed: int = 0, dtype=torch.float64) -> MedusaHeads:

@@ -114,7 +114,7 @@ def test_a_two_row_lm_head_takes_the_chunked_kernel_where_there_is_no_packed_one
     """W @ x.T cost 2.3x the one-row step for two rows on the Intel Xeon VM, more than for 3-9 rows
     (benchmarks/costs/verify_width_cost.py); without oneDNN's packed GEMM (a float64 head here) a 2-token verify
     block must take the chunked bmm, as one row does."""
-    from genspec.models.head import LMHead
+    from genspec.kernels import LMHead
 
     head = LMHead(torch.randn(300, 8, dtype=torch.float64))
     assert head.kernels == ("gemm", "chunked")
@@ -125,11 +125,11 @@ def test_a_two_row_lm_head_takes_the_chunked_kernel_where_there_is_no_packed_one
 
 def test_a_float32_cpu_head_takes_the_packed_gemm_without_gradients_and_stays_exact():
     """oneDNN's packed GEMM is the small heads' kernel for every row count (module docstring of
-    genspec.models.head); results are the same products up to summation order (fp32, 1e-5), a gradient
+    genspec.kernels); results are the same products up to summation order (fp32, 1e-5), a gradient
     goes through the differentiable GEMM and is right, and a head copied after use still computes."""
     import copy
 
-    from genspec.models.head import LMHead
+    from genspec.kernels import LMHead
 
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(300, 8, generator=generator)
@@ -175,7 +175,7 @@ def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count()
     the reverse on the Intel one), so a tuned head alternates both kernels on a row count's first calls and
     keeps the faster; every call returns the exact product. A fake clock makes the gemm faster at 1 row
     (computed as two) and at 2 rows, and the bmm faster at 5."""
-    from genspec.models.head import TUNE_TRIALS, LMHead
+    from genspec.kernels import TUNE_TRIALS, LMHead
 
     class FakeClock:  # read twice per timed call: the second reading is ``duration`` later
         def __init__(self):
@@ -210,7 +210,7 @@ def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count()
 @pytest.mark.parametrize("rows", [1, 2, 5, 12, 13, 40, 70])
 def test_lm_head_and_linear_kernels_are_exact_for_every_row_count(rows):
     """Each row count takes another kernel; all must be the plain product (float64, 1e-12)."""
-    from genspec.models.head import CHUNK, LMHead
+    from genspec.kernels import CHUNK, LMHead
 
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(CHUNK + 37, 24, dtype=torch.float64, generator=generator)  # padded last chunk
@@ -270,7 +270,7 @@ def test_a_tuned_lm_head_times_its_kernels_again_after_64_calls_then_twice_as_ma
     """A pick made on the first few calls is not kept for ever: after RETUNE_FIRST calls of a row count its
     kernels are timed again (and a kernel that became slower is dropped), then after twice as many calls.
     A fake clock makes the gemm faster at first, the bmm faster afterwards."""
-    from genspec.models.head import RETUNE_FIRST, TUNE_TRIALS, LMHead
+    from genspec.kernels import RETUNE_FIRST, TUNE_TRIALS, LMHead
 
     class FakeClock:  # read twice per timed call: the second reading is ``duration`` later
         def __init__(self):

@@ -104,12 +104,12 @@ def test_nan_logits_are_one_line_in_the_cli(capsys, tmp_path):
 def test_embedded_model_in_float16_is_refused_before_loading(monkeypatch, capsys):
     """A dtype the embedded model cannot work in (float16: its activations overflow at the first token)
     is refused with one line naming it, before anything is loaded or converted."""
-    import genspec.models.default as default
+    import genspec.api
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(default, "default_model_dir", must_not_load)
+    monkeypatch.setattr(genspec.api, "default_model_dir", must_not_load)
     with pytest.raises(ConfigError, match="float16"):
         genspec.load_model(None, dtype="float16")
     _one_line_error(capsys, ["generate", "--prompt", "hi", "--dtype", "float16"], "dtype float16 cannot work")
@@ -209,7 +209,7 @@ def _in_a_batch(engine: SpeculativeEngine, config: GenerationConfig) -> list[int
 
 def _head_tree(target, tree_nodes: int = 6):
     from genspec.drafters.head import HeadDrafter
-    from genspec.models.draft_head import DraftHead, HeadConfig
+    from genspec.speculators.head import DraftHead, HeadConfig
 
     torch.manual_seed(0)
     head = DraftHead(HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128))
@@ -220,7 +220,7 @@ def _head_tree(target, tree_nodes: int = 6):
 
 def _medusa_chain(target):
     from genspec.drafters.medusa import MedusaDrafter
-    from genspec.models.draft_head import MedusaConfig, MedusaHeads
+    from genspec.speculators.medusa import MedusaConfig, MedusaHeads
 
     torch.manual_seed(0)
     heads = MedusaHeads(MedusaConfig(64, 3))

@@ -2,7 +2,7 @@
 items 6-9, 11, 13). Each test's docstring is the promise it checks, so this file reads as the list.
 
 The default model's cache is exercised with the real conversion code on a tiny model (a tiny Llama with
-the byte tokenizer stands in for the GGUF package: :func:`genspec.models.default.convert_source` is the
+the byte tokenizer stands in for the GGUF package: :func:`genspec.embedded.convert_source` is the
 seam) under a temporary ``GENSPEC_CACHE``; one ``slow`` test repeats it on the real 1 GB model.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tiny_models import byte_tokenizer, tiny_llama
 
 from genspec.cli import main
 from genspec.errors import InputFileError
-from genspec.models import default
+from genspec import embedded
 
 
 def _run(capsys, argv):
@@ -44,7 +44,7 @@ def _tiny_source(scratch, step):
 
 
 def _tiny_convert(out_dir, step):
-    default.convert_source(out_dir, step, _tiny_source)
+    embedded.convert_source(out_dir, step, _tiny_source)
 
 
 @pytest.fixture
@@ -58,9 +58,9 @@ def tiny_cache(tmp_path, monkeypatch):
         conversions.append(out_dir)
         _tiny_convert(out_dir, step)
 
-    monkeypatch.setattr(default, "_convert_gguf", convert)
-    directory = default.default_model_dir(progress=False)
-    assert directory == tmp_path / "cache" / "models" / default.MODEL_ID and len(conversions) == 1
+    monkeypatch.setattr(embedded, "_convert_gguf", convert)
+    directory = embedded.default_model_dir(progress=False)
+    assert directory == tmp_path / "cache" / "models" / embedded.MODEL_ID and len(conversions) == 1
     return directory, conversions
 
 
@@ -111,7 +111,7 @@ def test_damaged_cache_is_rebuilt_saying_so(tiny_cache, capsys, damage, monkeypa
     import genspec
 
     directory, conversions = tiny_cache
-    monkeypatch.setattr(default, "HASH_ON_EVERY_LOAD_BYTES", 0)  # the tiny weights stand for the 1 GB ones
+    monkeypatch.setattr(embedded, "HASH_ON_EVERY_LOAD_BYTES", 0)  # the tiny weights stand for the 1 GB ones
     name, damage_file = DAMAGE[damage]
     damage_file(directory / name)
     capsys.readouterr()
@@ -121,7 +121,7 @@ def test_damaged_cache_is_rebuilt_saying_so(tiny_cache, capsys, damage, monkeypa
     assert len(err.strip().splitlines()) == 1 and f"cached default model in {directory} is damaged" in err
     assert name in err and "rebuilding" in err
     assert target.tokenizer is not None and target.tokenizer("hello").input_ids
-    assert default.verify_cache(directory).usable
+    assert embedded.verify_cache(directory).usable
 
 
 def test_damaged_cache_is_rebuilt_from_the_command_line(tiny_cache, capsys):
@@ -138,14 +138,14 @@ def test_intact_cache_is_verified_not_rebuilt(tiny_cache, capsys):
     """An intact cache is returned as is; a file whose modification time changed but whose content did not
     is re-hashed once and its new time recorded (no rebuild, no notice)."""
     directory, conversions = tiny_cache
-    assert default.default_model_dir(progress=False) == directory
+    assert embedded.default_model_dir(progress=False) == directory
     weights = directory / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
-    assert default.verify_cache(directory).manifest is not None  # content re-hashed: matches, new time to record
-    default.default_model_dir(progress=False)
-    recorded = json.loads((directory / default.MARKER).read_text())["files"]["model.safetensors"]
+    assert embedded.verify_cache(directory).manifest is not None  # content re-hashed: matches, new time to record
+    embedded.default_model_dir(progress=False)
+    recorded = json.loads((directory / embedded.MARKER).read_text())["files"]["model.safetensors"]
     assert recorded["mtime_ns"] == weights.stat().st_mtime_ns
-    assert default.verify_cache(directory) == default.CacheVerdict(True)
+    assert embedded.verify_cache(directory) == embedded.CacheVerdict(True)
     assert len(conversions) == 1 and capsys.readouterr().err == ""
 
 
@@ -154,8 +154,8 @@ def test_cache_records_sizes_and_checksums(tiny_cache):
     import hashlib
 
     directory, _ = tiny_cache
-    files = json.loads((directory / default.MARKER).read_text())["files"]
-    written = sorted(p.name for p in directory.iterdir() if p.name != default.MARKER)
+    files = json.loads((directory / embedded.MARKER).read_text())["files"]
+    written = sorted(p.name for p in directory.iterdir() if p.name != embedded.MARKER)
     assert sorted(files) == written and {"model.safetensors", "config.json", "tokenizer.json"} <= set(files)
     for name, record in files.items():
         data = (directory / name).read_bytes()
@@ -166,12 +166,12 @@ def test_cache_of_an_earlier_genspec_gets_checksums_without_reconverting(tiny_ca
     """A cache written before checksums were recorded (same format, no file list) is checked (headers,
     JSON) and gets its checksums, without converting again; a damaged one is rebuilt."""
     directory, conversions = tiny_cache
-    (directory / default.MARKER).write_text(json.dumps({"format": default.CACHE_FORMAT, "model": default.MODEL_ID}))
-    default.default_model_dir(progress=False)
-    assert "files" in json.loads((directory / default.MARKER).read_text()) and len(conversions) == 1
-    (directory / default.MARKER).write_text(json.dumps({"format": default.CACHE_FORMAT, "model": default.MODEL_ID}))
+    (directory / embedded.MARKER).write_text(json.dumps({"format": embedded.CACHE_FORMAT, "model": embedded.MODEL_ID}))
+    embedded.default_model_dir(progress=False)
+    assert "files" in json.loads((directory / embedded.MARKER).read_text()) and len(conversions) == 1
+    (directory / embedded.MARKER).write_text(json.dumps({"format": embedded.CACHE_FORMAT, "model": embedded.MODEL_ID}))
     (directory / "tokenizer.json").write_text('{"model": ')
-    default.default_model_dir(progress=False)
+    embedded.default_model_dir(progress=False)
     assert len(conversions) == 2 and "tokenizer.json is not valid JSON" in capsys.readouterr().err
 
 
@@ -180,7 +180,7 @@ def test_unrepairable_cache_error_names_the_cache_and_the_variable(tiny_cache, c
     names the cache directory and $GENSPEC_CACHE."""
     directory, _ = tiny_cache
     _empty(directory / "model.safetensors")
-    monkeypatch.setattr(default, "_convert_gguf", _missing_package_convert)
+    monkeypatch.setattr(embedded, "_convert_gguf", _missing_package_convert)
     code, _, err = _run(capsys, ["generate", "--backend", "torch", "--prompt", "hello", "--max-new-tokens", "2"])
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("genspec: error: ") and "Traceback" not in err
@@ -196,22 +196,22 @@ def test_unwritable_cache_is_a_clear_error(tmp_path, monkeypatch):
     """A cache directory that cannot be written gives an error naming it and $GENSPEC_CACHE."""
     monkeypatch.setenv("GENSPEC_CACHE", str(tmp_path / "a-file"))
     (tmp_path / "a-file").write_text("not a directory")
-    monkeypatch.setattr(default, "_convert_gguf", _tiny_convert)
+    monkeypatch.setattr(embedded, "_convert_gguf", _tiny_convert)
     with pytest.raises(InputFileError, match=r"cannot write the default model's cache in .*a-file.*\$GENSPEC_CACHE"):
-        default.default_model_dir(progress=False)
+        embedded.default_model_dir(progress=False)
 
 
 _KILLED_CONVERSION = textwrap.dedent("""
     import sys, time
-    from genspec.models import default
+    from genspec import embedded
 
     def convert(out_dir, step):
         (out_dir / "model.safetensors").write_bytes(b"x" * 100_000)
         print("converting", flush=True)
         time.sleep(600)
 
-    default._convert_gguf = convert
-    default.default_model_dir(progress=False)
+    embedded._convert_gguf = convert
+    embedded.default_model_dir(progress=False)
 """)
 
 
@@ -235,12 +235,12 @@ def test_killed_conversion_leaves_nothing_after_the_next_start(tmp_path, monkeyp
     process.wait()
     assert len(_hidden_dirs(cache)) == 1  # what the issue saw: the killed conversion's leftovers
     monkeypatch.setenv("GENSPEC_CACHE", str(cache))
-    monkeypatch.setattr(default, "_convert_gguf", _tiny_convert)
-    default.default_model_dir(progress=False)
+    monkeypatch.setattr(embedded, "_convert_gguf", _tiny_convert)
+    embedded.default_model_dir(progress=False)
     assert _hidden_dirs(cache) == [] and "removed 1 temporary directory" in capsys.readouterr().err
-    stale = cache / "models" / f".{default.MODEL_ID}-leftover"  # left while the cache was already complete
+    stale = cache / "models" / f".{embedded.MODEL_ID}-leftover"  # left while the cache was already complete
     stale.mkdir()
-    default.default_model_dir(progress=False)
+    embedded.default_model_dir(progress=False)
     assert _hidden_dirs(cache) == []
 
 
@@ -252,10 +252,10 @@ def test_live_conversions_temporary_directory_is_kept(tmp_path, monkeypatch):
     try:
         live = _hidden_dirs(cache)
         monkeypatch.setenv("GENSPEC_CACHE", str(cache))
-        complete = cache / "models" / default.MODEL_ID  # another process finds a complete cache meanwhile
-        built = default.ensure_converted(tmp_path / "elsewhere" / default.MODEL_ID, _tiny_convert, progress=False)
+        complete = cache / "models" / embedded.MODEL_ID  # another process finds a complete cache meanwhile
+        built = embedded.ensure_converted(tmp_path / "elsewhere" / embedded.MODEL_ID, _tiny_convert, progress=False)
         shutil.copytree(built, complete)
-        assert default.default_model_dir(progress=False) == complete
+        assert embedded.default_model_dir(progress=False) == complete
         assert _hidden_dirs(cache) == live and len(live) == 1
     finally:
         process.kill()
@@ -266,15 +266,15 @@ def test_live_conversions_temporary_directory_is_kept(tmp_path, monkeypatch):
 def test_real_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capsys):
     """The real embedded model: a copy of the cache with truncated weights is rebuilt from the GGUF package
     (about 80 s), and the rebuilt cache verifies."""
-    source = default.default_model_dir(progress=False)
+    source = embedded.default_model_dir(progress=False)
     cache = tmp_path / "cache"
-    shutil.copytree(source, cache / "models" / default.MODEL_ID)
+    shutil.copytree(source, cache / "models" / embedded.MODEL_ID)
     monkeypatch.setenv("GENSPEC_CACHE", str(cache))
-    _truncate(cache / "models" / default.MODEL_ID / "model.safetensors")
+    _truncate(cache / "models" / embedded.MODEL_ID / "model.safetensors")
     capsys.readouterr()
-    rebuilt = default.default_model_dir(progress=False)
+    rebuilt = embedded.default_model_dir(progress=False)
     assert "is damaged" in capsys.readouterr().err
-    assert default.verify_cache(rebuilt) == default.CacheVerdict(True)
+    assert embedded.verify_cache(rebuilt) == embedded.CacheVerdict(True)
     assert (rebuilt / "model.safetensors").stat().st_size == (source / "model.safetensors").stat().st_size
 
 

@@ -10,8 +10,10 @@ from tiny_models import sampled_continuations, tiny_llama
 
 from genspec.errors import InputFileError
 from genspec.models import HFCausalLM
-from genspec.models.draft_head import HeadConfig
-from genspec.train.head import CHECKPOINT, TrainSettings, choose_vocabulary, load_checkpoint, record_features, train_head
+from genspec.speculators.head import HeadConfig
+from genspec.train.data import choose_vocabulary, record_features
+from genspec.train.loop import CHECKPOINT, load_checkpoint, train_head
+from genspec.train.settings import TrainSettings
 
 
 class _Payload:

@@ -15,9 +15,11 @@ from genspec.drafters.head import HeadDrafter
 from genspec.drafters.layer_states import LayerStates
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
-from genspec.models.draft_head import DraftHead, HeadConfig
 from genspec.models.variants import first_layers
-from genspec.train.head import Teacher, TrainSettings, head_loss, record_features
+from genspec.speculators.head import DraftHead, HeadConfig
+from genspec.train.data import record_features
+from genspec.train.losses import Teacher, head_loss
+from genspec.train.settings import TrainSettings
 
 SMALL = HeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, token_layers=1)
 

@@ -1,4 +1,4 @@
-"""What verifying the default model's cache costs, against loading the model (genspec/models/default.py).
+"""What verifying the default model's cache costs, against loading the model (genspec/embedded.py).
 
     python benchmarks/costs/cache_verify_cost.py > benchmarks/results/costs/cache_verify_cost.md
 
@@ -14,7 +14,7 @@ import statistics
 import time
 
 import genspec
-from genspec.models import default
+from genspec import embedded
 
 
 def median_seconds(function, repeats: int) -> float:
@@ -35,25 +35,25 @@ def cpu_name() -> str:
 
 
 def main() -> None:
-    directory = default.default_model_dir()  # converts on first use, records checksums of an older cache
+    directory = embedded.default_model_dir()  # converts on first use, records checksums of an older cache
     print(f"# Cost of verifying the default model's cache\n\n`python benchmarks/costs/cache_verify_cost.py` on "
           f"{cpu_name()}, {os.cpu_count()} cores shared with other work; "
           f"cache {directory}; medians.\n")
     print("| what | seconds |\n|---|---|")
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.stat().st_size > 1_000_000:
-            seconds = median_seconds(lambda: default._sha256(path), 3)
+            seconds = median_seconds(lambda: embedded._sha256(path), 3)
             print(f"| sha256 of {path.name} ({path.stat().st_size / 1e6:,.0f} MB) | {seconds:.3f} |")
-    seconds = median_seconds(lambda: default.verify_cache(directory), 5)
+    seconds = median_seconds(lambda: embedded.verify_cache(directory), 5)
     print(f"| check on every load (sizes, header, sha256 of files <= "
-          f"{default.HASH_ON_EVERY_LOAD_BYTES >> 20} MiB) | {seconds:.3f} |")
+          f"{embedded.HASH_ON_EVERY_LOAD_BYTES >> 20} MiB) | {seconds:.3f} |")
     weights = directory / "model.safetensors"
     stat = weights.stat()
 
     def check_after_touch():
         os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
         try:
-            assert default.verify_cache(directory).usable
+            assert embedded.verify_cache(directory).usable
         finally:
             os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 

@@ -1,7 +1,7 @@
 """What a fresh engine's first verify blocks of each width cost: the target's time per step
 (``StepRecord.target_time_s``) by block width, in order, for one sampled request with the shipped head
 on the embedded model. The first call of a width pays one-time costs (the output layer's kernels are
-picked and its packed weight copy made at first use: :mod:`genspec.models.head`), which the cost model
+picked and its packed weight copy made at first use: :mod:`genspec.kernels`), which the cost model
 must not take for the width's price.
 
     python benchmarks/costs/first_verify_cost.py   # log: benchmarks/results/costs/first_verify_cost.txt

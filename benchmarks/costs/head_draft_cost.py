@@ -27,7 +27,7 @@ import genspec
 from genspec.drafters.base import DraftRequest, RequestContext
 from genspec.drafters.head import HeadDrafter
 from genspec.drafters.trained import load_for_target
-from genspec.models.draft_head import DraftHead
+from genspec.speculators.head import DraftHead
 
 
 def main() -> None:

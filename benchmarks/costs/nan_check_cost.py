@@ -59,7 +59,7 @@ def cost() -> None:
 
 
 def dtypes() -> None:
-    from genspec.models.default import default_model_dir
+    from genspec.embedded import default_model_dir
     from genspec.models.hf import HFCausalLM
 
     model = HFCausalLM.from_pretrained(default_model_dir(), dtype="float16")  # load_model refuses float16

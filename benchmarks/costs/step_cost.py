@@ -26,8 +26,8 @@ import torch.nn.functional as F
 import torch.utils.mkldnn
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from genspec.models.default import default_model_dir
-from genspec.models.head import LMHead
+from genspec.embedded import default_model_dir
+from genspec.kernels import LMHead
 from genspec.models.hf import HFCausalLM
 
 ROWS = (1, 2, 4, 8, 16)

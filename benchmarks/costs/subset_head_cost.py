@@ -5,7 +5,7 @@ shipped head's 8,192-token vocabulary (and 4,096 / 16,384 rows), times one draft
     python benchmarks/costs/subset_head_cost.py --out benchmarks/results/costs/subset_head_cost.txt
 
 Columns: ``F.linear`` (what :meth:`genspec.models.hf.HFCausalLM.subset_head` ran until 2026-11-26), the
-:class:`genspec.models.head.LMHead` kernels (``bmm`` over 1,024-column chunks of the transposed rows,
+:class:`genspec.kernels.LMHead` kernels (``bmm`` over 1,024-column chunks of the transposed rows,
 ``W @ x.T`` with one row computed as two, oneDNN's GEMM over a packed copy, ``packed``, since
 2026-11-27) and the one ``LMHead`` picks for that row count (what ``subset_head`` runs now). All are
 exact fp32 products. Cells: median ms over the repeats, kernels alternated within each repeat.
@@ -21,7 +21,7 @@ from verify_width_cost import cpu_name  # benchmarks/ is on the path when run as
 
 import genspec
 from genspec.drafters.trained import load_for_target
-from genspec.models.head import LMHead
+from genspec.kernels import LMHead
 
 ROWS = (1, 2, 3, 5, 16, 2048)
 

@@ -61,7 +61,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from genspec.models.default import default_model_dir
+    from genspec.embedded import default_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
     started = time.perf_counter()

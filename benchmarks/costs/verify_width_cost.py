@@ -11,7 +11,7 @@ measurement, as :func:`genspec.calibration.step_time` does):
      (``target.hidden_states``), so head = (a) - decoder;
  (b) the LM head alone (262,144 x 640 fp32) with each exact kernel genspec has: the chunked ``bmm`` over
      the transposed copy, ``W @ x.T``, oneDNN's GEMM over a packed copy, and what
-     :class:`genspec.models.head.LMHead` picks for that many rows;
+     :class:`genspec.kernels.LMHead` picks for that many rows;
  (c) the decoder's linear layers alone (all of them, once each, on that many rows): ``x @ W_t`` over a
      transposed copy, ``W @ x.T``, ``F.linear`` (what
      transformers runs), the packed GEMM and :class:`genspec.models.hf.TransposedLinear` as it is now.

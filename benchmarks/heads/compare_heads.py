@@ -16,7 +16,7 @@ import json
 import torch
 
 import genspec
-from genspec.api import DRAFTERS
+from genspec.drafters.registry import DRAFTERS
 from genspec.train.data import SEQUENCES, Sequences, held_out_acceptance
 
 

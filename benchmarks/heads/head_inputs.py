@@ -15,7 +15,7 @@ measures or trains on).
 
 ``train`` trains one head per variant ``FIRST+SECOND`` on the run's train split (seed 0, the run's own
 held-out split and an 8,192-token vocabulary of its training sequences), with
-:class:`genspec.train.head.TrainSettings` defaults but ``--steps``: the pair at i is (FIRST at i, SECOND at
+:class:`genspec.train.settings.TrainSettings` defaults but ``--steps``: the pair at i is (FIRST at i, SECOND at
 i + 1), the head predicts the target's final feature at i + 1 (regression + 0.1 x cross-entropy, the shipped
 loss) with uniform noise on FIRST (what stands in for the head's own predictions further on).
 
@@ -43,10 +43,13 @@ import torch
 from torch import nn
 
 import genspec
-from genspec.models.distilled import local_ids
-from genspec.models.draft_head import DraftHead, HeadConfig
+from genspec.speculators.distilled import local_ids
+from genspec.speculators.head import DraftHead, HeadConfig
 from genspec.train.data import Sequences
-from genspec.train.head import Teacher, TrainSettings, choose_vocabulary, cut_pieces, feature_loss, pad_batch
+from genspec.train.data import choose_vocabulary
+from genspec.train.loop import cut_pieces, pad_batch
+from genspec.train.losses import Teacher, feature_loss
+from genspec.train.settings import TrainSettings
 
 #: ``hidden_states`` indices kept (outputs of the first 3, 4, 6, 9 and 14 layers), then the final feature,
 #: then the output of the first 6 layers with their MLPs left out ("attn6", :func:`attention_only`)

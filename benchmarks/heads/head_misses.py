@@ -8,7 +8,7 @@ vocabulary, and the first-token acceptance the engine measures on the same promp
 import time, json
 import torch
 import genspec
-from genspec.api import DRAFTERS
+from genspec.drafters.registry import DRAFTERS
 from genspec.bench.prompts import load_spec_bench, encode_prompt
 from genspec.drafters.trained import load_for_target
 from genspec.train.data import held_out_acceptance

@@ -8,7 +8,7 @@ Every variant trains a fresh head (seed 0) on the same recorded features and voc
 curve every ``--eval-every`` steps (all held-out pairs, what ``genspec train`` reports) and at the end the
 agreement on the held-out sequences' *continuations* only (the pairs whose next token the target itself
 wrote: what drafting meets; their prompts are context). A variant is ``;``-separated: ``base`` (the
-defaults of :class:`genspec.train.head.TrainSettings` and :class:`genspec.models.draft_head.HeadConfig`), or
+defaults of :class:`genspec.train.settings.TrainSettings` and :class:`genspec.speculators.head.HeadConfig`), or
 ``key=value,...`` overriding fields of either (e.g. ``head_dim=128,intermediate_size=2048``: a wider head), plus
 ``data=continued`` (train on the target's continuations only, no teacher-forced text), ``data=plus-text``
 (add the ``--data`` files' text, teacher-forced, to the training sequences; never to the held-out ones) or
@@ -28,10 +28,14 @@ from pathlib import Path
 import torch
 
 import genspec
-from genspec.models.distilled import local_ids
-from genspec.models.draft_head import HeadConfig, load_head
+from genspec.speculators.distilled import local_ids
+from genspec.speculators.head import HeadConfig
+from genspec.speculators.store import load_head
 from genspec.train.data import Sequences, read_texts, teacher_forced
-from genspec.train.head import Teacher, TrainSettings, choose_vocabulary, head_loss, record_features, train_head
+from genspec.train.data import choose_vocabulary, record_features
+from genspec.train.loop import train_head
+from genspec.train.losses import Teacher, head_loss
+from genspec.train.settings import TrainSettings
 
 
 def parse_variant(text: str) -> tuple[dict, dict, str]:

@@ -12,7 +12,7 @@ import argparse
 import json
 
 import genspec
-from genspec.api import DRAFTERS
+from genspec.drafters.registry import DRAFTERS
 from genspec.train.data import Sequences, held_out_acceptance
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -3,11 +3,11 @@
     python benchmarks/heads/next_token_layer_state.py --layers 0,3,6 --steps 400 \
         --outputs benchmarks/results/head_studies/answers.json
 
-The shipped head (:class:`genspec.models.draft_head.DraftHead`) reads the pair (target feature at i, the
+The shipped head (:class:`genspec.speculators.head.DraftHead`) reads the pair (target feature at i, the
 *embedding* of token i + 1). Here the second part is the target's layer-L state of token i + 1
 (``hidden_states[L]``: the output of its first L layers, which have attended over the whole context; L = 0
 is the embedding, the shipped input). One head per L, same shape, loss, noise, seed and 400 steps
-(:class:`genspec.train.head.TrainSettings` defaults but the steps), the shipped head's 8,192-token
+(:class:`genspec.train.settings.TrainSettings` defaults but the steps), the shipped head's 8,192-token
 vocabulary. Training text: the Spec-Bench prompts from the 6th of each category on (what ``genspec train``
 teacher-forces), cut to 1,024 tokens; no continuations, so every variant stays below the shipped head.
 Measured: top-1 agreement with the target's next token at the output positions of ``--outputs`` (each
@@ -28,9 +28,11 @@ import genspec
 from genspec.bench.prompts import encode_prompt, load_spec_bench
 from genspec.drafters.trained import load_for_target
 from genspec.engine import SpeculativeEngine
-from genspec.models.distilled import local_ids
-from genspec.models.draft_head import DraftHead, HeadConfig
-from genspec.train.head import Teacher, TrainSettings, cut_pieces, feature_loss, pad_batch
+from genspec.speculators.distilled import local_ids
+from genspec.speculators.head import DraftHead, HeadConfig
+from genspec.train.loop import cut_pieces, pad_batch
+from genspec.train.losses import Teacher, feature_loss
+from genspec.train.settings import TrainSettings
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--layers", default="0,3,6")

@@ -3,7 +3,7 @@
 Syntax: a comma-separated list of ``NAME[:KEY=VALUE[:KEY=VALUE...]]``.
 
 - NAME is a genspec drafter (``prompt-lookup``, ``quantized``, ``hierarchical``, ... see
-  :data:`genspec.api.DRAFTERS`) or a Hugging Face baseline (:data:`HF_METHODS`).
+  :data:`genspec.drafters.registry.DRAFTERS`) or a Hugging Face baseline (:data:`HF_METHODS`).
 - VALUE is read as JSON when it parses (``exit_layer=4``, ``skip=[3,5,7]``; commas inside brackets do
   not split methods), else as a string; ``+`` joins list items: ``levels=prompt-lookup+quantized``.
 - For genspec methods, ``k=N`` and ``draft_length=fixed|heuristic|cost`` set the engine's draft length
@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from genspec import strict_json
+from genspec.drafters.hybrid import DEFAULT_LOOKUP
+from genspec.drafters.registry import DRAFTERS
 from genspec.errors import ConfigError
 
 PLAIN = "plain"          # genspec plain decoding: the baseline of every speedup
@@ -89,7 +91,6 @@ def _value(text: str):
 def parse_method(text: str, draft_model: str | None = None, backend: str = "torch") -> MethodSpec:
     """One method spec for a run on ``backend`` (``torch`` or ``llamacpp``); raises :class:`ConfigError`
     with a one-line reason when it is not valid."""
-    from genspec.api import DRAFTERS as drafters
     head, *option_texts = split_top_level(text, ":")
     name = head.strip()
     options, overrides = {}, {}
@@ -123,8 +124,8 @@ def parse_method(text: str, draft_model: str | None = None, backend: str = "torc
             raise ConfigError(f"method {text!r}: hf-plain takes no options")
         _check_hf_options(text, options)
         return MethodSpec(text.strip(), "hf", name, options)
-    if name not in drafters:
-        choices = [n for n in drafters if n != "none"] + list(HF_METHODS) + list(LLAMACPP_METHODS)
+    if name not in DRAFTERS:
+        choices = [n for n in DRAFTERS if n != "none"] + list(HF_METHODS) + list(LLAMACPP_METHODS)
         raise ConfigError(f"unknown method {name!r}; choose from: {PLAIN}, {', '.join(choices)}")
     for key in list(options):
         if key in ENGINE_KEYS:
@@ -144,7 +145,7 @@ def parse_method(text: str, draft_model: str | None = None, backend: str = "torc
 
 
 def _check_hf_options(text: str, options: dict) -> None:
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # here: transformers takes 3 s to import, for HF methods only
 
     known = GenerationConfig()
     for key in options:
@@ -176,8 +177,6 @@ def drafter_options(spec: MethodSpec) -> dict:
     so in one run it learns only from its own earlier requests, never from another method's output for
     the same prompt (two suffix hybrids sharing the default memory: 8.30 against 4.06 tokens per call on
     the same prompts)."""
-    from genspec.drafters.hybrid import DEFAULT_LOOKUP
-
     options = dict(spec.options)
     learner = options.get("lookup", DEFAULT_LOOKUP) if spec.base == "hybrid" else spec.base
     if learner in LEARNING_DRAFTERS:

@@ -11,17 +11,30 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+import genspec
 from genspec import strict_json
+from genspec.bench.analysis import summarize
+from genspec.bench.hf_baselines import ForwardClock, HFDecoder, StepLog, load_hf_model
+from genspec.bench.llamacpp_baselines import LlamaCppDecoder
+from genspec.bench.methods import HF_PLAIN, LLAMACPP_PLAIN, drafter_options, sweep_methods
+from genspec.bench.plots import write_plots
+from genspec.bench.prompts import encode_follow_up
+from genspec.bench.report import write_report
+from genspec.bench.runner import GenspecDecoder, encode_all, run_interleaved, warm_up
+from genspec.drafters.ngram_cache import clear_process_tables
+from genspec.drafters.suffix import clear_suffix_caches
+from genspec.embedded import default_gguf_path, default_model_dir
+from genspec.engine import GenerationConfig
 from genspec.errors import ConfigError, InputFileError
 from genspec.interrupts import stoppable
 
 
 # --------------------------------------------------------------------------- environment
 def machine_info() -> dict:
-    import torch
-    import transformers
-
-    import genspec
+    import transformers  # here: its version only, and 3 s to import
 
     cpu_model, physical = platform.processor() or platform.machine(), set()
     try:
@@ -57,21 +70,13 @@ def model_info(path, target) -> dict:
             "architecture": (getattr(config, "architectures", None) or [type(target.model).__name__])[0],
             "num_layers": target.num_layers, "vocab_size": target.vocab_size, "dtype": str(target.dtype),
             "max_context": target.max_context,
-            # the LM head's kernel per row count when the run ended (timed per process: models/head.py)
+            # the LM head's kernel per row count when the run ended (timed per process: genspec/kernels.py)
             "lm_head_kernels": None if head is None else {str(rows): k for rows, k in sorted(head.chosen().items())}}
 
 
 # --------------------------------------------------------------------------- the run
 def execute(s: dict, prompts, console, command: str) -> dict:
-    import genspec
-    from genspec.bench.hf_baselines import ForwardClock, HFDecoder, StepLog, load_hf_model
-    from genspec.bench.methods import HF_PLAIN, LLAMACPP_PLAIN, drafter_options, sweep_methods
-    from genspec.bench.runner import GenspecDecoder, encode_all, run_interleaved, warm_up
-    from genspec.engine import GenerationConfig
-
     if s["threads"]:
-        import torch
-
         torch.set_num_threads(s["threads"])
     config = GenerationConfig(max_new_tokens=s["max_new_tokens"], num_draft_tokens=s["num_draft_tokens"],
                               temperature=s["temperature"], top_p=s.get("top_p", 1.0), seed=s["seed"],
@@ -85,8 +90,6 @@ def execute(s: dict, prompts, console, command: str) -> dict:
         target = genspec.load_model(None if model_path is None else str(model_path), dtype=s["dtype"],
                                     backend=backend, max_rows=1)
         if model_path is None:  # the embedded model (load_model refuses a dtype it cannot run in)
-            from genspec.models.default import default_gguf_path, default_model_dir
-
             model_path = default_gguf_path() if backend == "llamacpp" else default_model_dir()
     eos = list(target.eos_token_ids)  # what generate() stops at too: the tokenizer's and the model's
     config = replace(config, eos_token_ids=tuple(eos))
@@ -123,8 +126,6 @@ def execute(s: dict, prompts, console, command: str) -> dict:
                                             num_layers=target.num_layers)
     llamacpp_specs = [m for m in main_specs if m.kind == "llamacpp"]
     if llamacpp_specs:
-        from genspec.bench.llamacpp_baselines import LlamaCppDecoder
-
         # llama-cpp-python keeps the logits of every position of its context when it drafts (4 bytes x 262,144
         # a token on the embedded model): its context is the run's longest prompt and answer, not the model's
         longest = max(len(ids) for ids in encode_all(prompts, target.tokenizer)) + s["max_new_tokens"] + 64
@@ -162,8 +163,6 @@ def execute(s: dict, prompts, console, command: str) -> dict:
     with console.status("warming up every method (not timed)"):
         warm_up(main + sweep_decoders, kept[0][1], config)
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     total = s["repeats"] * (len(kept) * len(main) + len(sweep_keys) * len(sweep_decoders))
     records = []
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -182,9 +181,6 @@ def execute(s: dict, prompts, console, command: str) -> dict:
         interrupted = False
         with stoppable():  # Ctrl-C, or SIGTERM / SIGINT in the background: report what was measured
             try:
-                from genspec.drafters.ngram_cache import clear_process_tables
-                from genspec.drafters.suffix import clear_suffix_caches
-
                 for repeat in range(s["repeats"]):
                     # repeats are independent replicates: a drafter that learns across requests (ngram-cache's
                     # process table, the suffix drafter's process cache) must not have seen this very suite's
@@ -241,8 +237,6 @@ def follow_ups(prompts, prompt_ids: list[list[int]], plain, config, target) -> l
     """The ids of every prompt that follows an earlier one (the repeated-traffic replay's second turns):
     the earlier prompt, the model's greedy answer to it (plain decoding, ``config``'s length) and the next
     turn. An earlier prompt too long for the context leaves its follow-up as long (it is skipped)."""
-    from genspec.bench.prompts import encode_follow_up
-
     index = {p.question_id: i for i, p in enumerate(prompts)}
     out = list(prompt_ids)
     greedy = replace(config, temperature=0.0, seed=0)
@@ -301,10 +295,6 @@ def write_outputs(results: dict, out: Path, raw: bool = True, name: str = "resul
     """Write ``name`` (gzip-compressed if it ends in ``.gz``), report.md and the plots into ``out``. The
     summary is computed first, from every record; ``raw=False`` then leaves the per-token records out of
     the results file (:func:`compact_runs`)."""
-    from genspec.bench.analysis import summarize
-    from genspec.bench.plots import write_plots
-    from genspec.bench.report import write_report
-
     results["summary"] = summarize(results)
     if not raw:
         compact_runs(results)

@@ -14,6 +14,9 @@ import math
 import os
 import sys
 
+from genspec import __version__
+from genspec.errors import ConfigError, GenspecError
+
 #: exit code after the reader of standard output went away (128 + SIGPIPE)
 BROKEN_PIPE = 141
 
@@ -45,8 +48,6 @@ def finite_float(text: str) -> float:
 
 def float_list(text: str, option: str) -> list[float]:
     """A comma-separated list of finite numbers (``--eps 0,0.01,0.05``), or a one-line ConfigError naming ``option``."""
-    from genspec.errors import ConfigError
-
     try:
         return [finite_float(item) for item in text.split(",") if item.strip()]
     except argparse.ArgumentTypeError:
@@ -60,8 +61,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from genspec import __version__
-
     parser = _Parser(prog="genspec", description="Generalized speculative decoding for language models.")
     parser.add_argument("--version", action="version", version=f"genspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -71,8 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from genspec.errors import GenspecError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -12,10 +12,21 @@ notes) and PNG plots into ``--out`` (default ``bench_results`` in the current di
 """
 from __future__ import annotations
 
+import argparse
 import shlex
 import time
 from pathlib import Path
 
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from genspec.api import resolve_backend
+from genspec.bench.analysis import ALL, MEAN
+from genspec.bench.methods import parse_int_list, parse_method, parse_methods, split_top_level
+from genspec.bench.prompts import ALL_CATEGORIES, CATEGORIES, load_spec_bench
+from genspec.bench.report import _match, _num
+from genspec.bench.run import execute, read_results, write_outputs
 from genspec.cli.options import add_options
 from genspec.errors import ConfigError, InputFileError
 
@@ -34,8 +45,6 @@ DEFAULTS = {"categories": None, "num_prompts": 2, "max_new_tokens": 128, "repeat
 
 
 def add_parser(subparsers) -> None:
-    import argparse
-
     bench = subparsers.add_parser(
         "bench", help="benchmark genspec methods vs plain decoding and Hugging Face assisted generation",
         description="Decode Spec-Bench prompts with plain decoding, genspec's methods and Hugging Face "
@@ -96,9 +105,6 @@ def add_parser(subparsers) -> None:
 # --------------------------------------------------------------------------- settings and checks
 def resolve_settings(args) -> dict:
     """Every setting of the run, checked, with --quick and defaults applied (no model loaded)."""
-    from genspec.bench.methods import parse_int_list, parse_method, parse_methods, split_top_level
-    from genspec.bench.prompts import ALL_CATEGORIES, CATEGORIES
-
     preset = QUICK if args.quick else DEFAULTS
     pick = {key: getattr(args, key) if getattr(args, key) is not None else preset.get(key, DEFAULTS.get(key))
             for key in ("categories", "num_prompts", "max_new_tokens", "repeats", "k_sweep", "sweep_prompts")}
@@ -129,7 +135,6 @@ def resolve_settings(args) -> dict:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     if args.draft_model is not None and not Path(args.draft_model).is_dir():
         raise InputFileError(f"no draft model at {args.draft_model}: expected a directory")
-    from genspec.api import resolve_backend
 
     backend = resolve_backend(args.model, args.backend, args.dtype).value
     methods_text = args.methods if args.methods is not None else (
@@ -201,20 +206,14 @@ def command_line(s: dict) -> str:
 
 # --------------------------------------------------------------------------- the run
 def run_bench(args) -> int:
-    from rich.console import Console
-
-    from genspec.bench.run import execute, write_outputs
-
     console = Console(stderr=True)
     if args.report_from:
         return rebuild_report(args, console)
     settings = resolve_settings(args)
     check_output_dir(settings["out"])
-    from genspec.bench.prompts import load_spec_bench
 
     prompts = load_spec_bench(settings["categories"], settings["num_prompts"], settings["skip_prompts"])
     started = time.perf_counter()
-    import torch
 
     threads = torch.get_num_threads()
     try:
@@ -228,7 +227,6 @@ def run_bench(args) -> int:
 
 
 def rebuild_report(args, console) -> int:
-    from genspec.bench.run import read_results, write_outputs
     from genspec.bench.schema import check_results
 
     source = Path(args.report_from)
@@ -245,12 +243,6 @@ def rebuild_report(args, console) -> int:
 
 def print_summary(results: dict, written: list[Path], console) -> None:
     """The mean-over-categories table on standard output, compact (medians; the report has ranges)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from genspec.bench.analysis import ALL, MEAN
-    from genspec.bench.report import _match, _num
-
     def median(spread, fmt="{:.2f}", suffix=""):
         return "–" if not spread else fmt.format(spread["median"]) + suffix
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.console import Console
+
+import genspec
 from genspec import strict_json
+from genspec.calibration import draft_vocabulary, read_corpus_files, search_early_exit, search_layer_skip
 from genspec.cli.options import add_options
 from genspec.errors import ConfigError, InputFileError
 from genspec.textfiles import check_output_file
@@ -34,10 +38,6 @@ def add_parser(subparsers) -> None:
 
 
 def run_search(args) -> int:
-    import genspec
-    from genspec.calibration import search_early_exit, search_layer_skip
-    from rich.console import Console
-
     console = Console(stderr=True)
     k = args.num_draft_tokens
     if k < 1:  # before the (slow) model load
@@ -55,9 +55,6 @@ def run_search(args) -> int:
 
 
 def run_draft_vocab(args) -> int:
-    import genspec
-    from genspec.calibration import draft_vocabulary, read_corpus_files
-
     if args.size < 1:  # everything is checked before the (slow) model load
         raise ConfigError(f"--size must be >= 1, got {args.size}")
     texts = read_corpus_files(args.corpus)

@@ -11,8 +11,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+import genspec
 from genspec.cli.options import add_options
+from genspec.drafters.registry import check_drafter
+from genspec.engine import NO_DRAFTER, GenerationConfig, SpeculativeEngine
 from genspec.errors import ConfigError
+from genspec.strict_json import dumps
 
 #: a prompt's speedup is flagged as untrustworthy when its per-repeat ratios spread over more than this fraction
 #: of their median ((max - min) / median): repeats on an otherwise idle machine stay well within it, a run that
@@ -105,15 +113,6 @@ def greedy_check_passes(match: bool, target) -> bool:
 
 
 def run_demo(args) -> int:
-    import genspec
-    from genspec.api import check_drafter
-    from genspec.engine import NO_DRAFTER, GenerationConfig, SpeculativeEngine
-    from genspec.strict_json import dumps
-
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
     if args.drafter == NO_DRAFTER:
         raise ConfigError("--drafter none is plain decoding: the demo compares plain decoding with a drafter "
                           "(e.g. --drafter prompt-lookup)")

@@ -5,9 +5,14 @@ import argparse
 import sys
 from pathlib import Path
 
+import genspec
+from genspec import strict_json
+from genspec.api import Backend, check_dtype, model_context, resolve_backend
 from genspec.cli import finite_float
 from genspec.cli.options import add_options, parse_option
+from genspec.engine import GenerationConfig, RequestStats
 from genspec.errors import ConfigError, ContextLengthError, InputFileError
+from genspec.textfiles import decode_utf8, read_utf8_text
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +45,6 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 def drafter_options(args) -> dict:
     """The drafter options of ``-O``, ``--num-drafts`` and ``--edit-source``, checked before anything loads
     (the edit source is read here: a missing or binary file fails at once, not after the model load)."""
-    from genspec.textfiles import read_utf8_text
-
     options = dict(parse_option(o) for o in args.drafter_option)
     if args.num_drafts < 1:
         raise ConfigError(f"--num-drafts must be >= 1, got {args.num_drafts}")
@@ -60,8 +63,6 @@ def check_model(model: str | None, dtype: str, max_new_tokens: int, backend: str
     """Refuse, before the model loads, a dtype it cannot run in, a backend that cannot run it and a
     ``--max-new-tokens`` that no prompt leaves room for in its context (read from its config.json or GGUF
     metadata)."""
-    from genspec.api import Backend, check_dtype, model_context, resolve_backend
-
     if resolve_backend(model, backend, dtype) is Backend.TORCH:
         check_dtype(model, dtype)
     elif dtype != "float32":
@@ -87,16 +88,12 @@ def check_prompt_fits(engine, prompt: str, max_new_tokens: int) -> None:
 def read_prompt(prompt: str) -> str:
     """``--prompt``: the text itself, or with ``-`` standard input's bytes decoded as UTF-8 (whatever the
     locale: in the C locale Python would smuggle undecodable bytes in as lone surrogates)."""
-    from genspec.textfiles import decode_utf8
-
     if prompt != "-":
         return prompt
     return decode_utf8(sys.stdin.buffer.read(), "standard input", "--prompt - reads UTF-8 text")
 
 
 def generation_config(args):
-    from genspec.engine import GenerationConfig
-
     return GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed,
@@ -120,8 +117,6 @@ def add_parser(subparsers) -> None:
 
 def _merge_stats(results) -> dict:
     """Stats of a batch: sums of the counts; times of the batch (shared by its rows)."""
-    from genspec.engine import RequestStats
-
     total = RequestStats(acceptance=results[0].stats.acceptance)
     for r in results:
         s = r.stats
@@ -141,9 +136,6 @@ def _merge_stats(results) -> dict:
 
 
 def run_generate(args) -> int:
-    import genspec
-    from genspec import strict_json
-
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
     if args.stream and args.json:

@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 
 from genspec.cli.options import add_options
+from genspec.datastore import (RetrievalIndex, check_index_destination, read_corpus, tokenize_documents,
+                               tokenizer_fingerprint)
+from genspec.embedded import default_model_dir
 from genspec.errors import InputFileError
 
 
@@ -44,8 +47,6 @@ def _usage(parser) -> int:
 def load_tokenizer(model: str | None):
     """The tokenizer of a local model directory (default: the embedded model's), never from the network."""
     if model is None:
-        from genspec.models.default import default_model_dir
-
         model = default_model_dir()
     path = Path(model)
     if not path.is_dir():
@@ -61,9 +62,6 @@ def load_tokenizer(model: str | None):
 
 
 def run_build(args) -> int:
-    from genspec.datastore import (RetrievalIndex, check_index_destination, read_corpus, tokenizer_fingerprint,
-                                   tokenize_documents)
-
     out = Path(args.out)
     check_index_destination(out, args.force)  # before the corpus and the (slow) tokenizer: nothing is lost
     started = time.perf_counter()

@@ -12,6 +12,9 @@ import os
 import sys
 from pathlib import Path
 
+from rich.console import Console
+
+from genspec.api import resolve_backend
 from genspec.cli import finite_float
 from genspec.cli.options import add_options, parse_option
 from genspec.errors import ConfigError, InputFileError
@@ -155,7 +158,6 @@ def run_serve(args) -> int:
     settings = server_settings(args)
     if args.backend == "ray":
         return _run_ray(args, settings)
-    from rich.console import Console
 
     from genspec.serve.app import create_app, run_server
     from genspec.serve.worker import load_engine

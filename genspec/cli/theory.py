@@ -13,6 +13,14 @@ from pathlib import Path
 from genspec import strict_json
 from genspec.cli import finite_float, float_list
 from genspec.errors import ConfigError, InputFileError
+from genspec.theory import leviathan, optimality, pareto
+from genspec.theory.budget import check, total
+from genspec.theory.chains import load_chain, random_chain, save_chain
+from genspec.theory.exact import (expected_rejections, expected_rejections_limit, expected_rejections_sd,
+                                  rejections_cost, total_variation)
+from genspec.theory.optimality import single_step_chain
+from genspec.theory.pareto import check_pair
+from genspec.theory.simulate import simulate, simulation_cost
 
 
 def add_parser(subparsers) -> None:
@@ -112,9 +120,6 @@ def _finite_or_none(value: float):
 
 
 def run_random_chain(args) -> int:
-    from genspec.theory.chains import random_chain, save_chain
-    from genspec.theory.exact import expected_rejections_sd
-
     chain = random_chain(args.vocab, args.horizon, args.seed)
     if args.out == "-":
         print(strict_json.dumps(chain.to_json_dict()))
@@ -126,19 +131,12 @@ def run_random_chain(args) -> int:
 
 
 def run_rejections(args) -> int:
-    from genspec.theory.chains import load_chain
-    from genspec.theory.exact import expected_rejections
-
     if args.batch < 1:
         raise ConfigError(f"--batch must be >= 1, got {args.batch}")
     if args.simulate < 0:
         raise ConfigError(f"--simulate must be >= 0, got {args.simulate}")
     chain = load_chain(args.chain)
     if args.simulate:  # refuse the whole command at once, not after the exact part has run
-        from genspec.theory.budget import check
-        from genspec.theory.exact import rejections_cost
-        from genspec.theory.simulate import simulation_cost
-
         check(rejections_cost(chain.vocab_size, chain.horizon, args.batch, args.variant).then(
             simulation_cost(chain.vocab_size, chain.horizon, args.simulate, args.batch)),
             f"theory rejections --batch {args.batch} --simulate {args.simulate} on V = {chain.vocab_size}, "
@@ -150,8 +148,6 @@ def run_rejections(args) -> int:
     text = (f"E[N_rej] = {value:.6f} over T = {chain.horizon} positions (variant {args.variant}, "
             f"M = {args.batch}); speedup T/E[N_rej] = {speedup:.4f}")
     if args.simulate:
-        from genspec.theory.simulate import simulate
-
         sim = simulate(chain, args.simulate, args.batch, args.variant, seed=args.seed)
         payload.update(simulated_mean=sim.mean, simulated_stderr=sim.stderr)
         distance = abs(sim.mean - value) / sim.stderr if sim.stderr > 0 else 0.0
@@ -161,9 +157,6 @@ def run_rejections(args) -> int:
 
 
 def run_limit(args) -> int:
-    from genspec.theory.chains import load_chain
-    from genspec.theory.exact import expected_rejections, expected_rejections_limit, expected_rejections_sd
-
     if args.max_batch < 1:
         raise ConfigError(f"--max-batch must be >= 1, got {args.max_batch}")
     chain = load_chain(args.chain)
@@ -185,9 +178,6 @@ def run_limit(args) -> int:
 def _check_curve_cost(chain, largest: int, what: str) -> None:
     """Refuse a curve (M = 1, 2, 4, ..., ``largest``; both variants) above the theory toolkit's limits,
     saying up to which power of 2 this chain fits."""
-    from genspec.theory.budget import check, total
-    from genspec.theory.exact import rejections_cost
-
     def cost(top: int):
         return total(rejections_cost(chain.vocab_size, chain.horizon, 2 ** i, variant)
                      for i in range(top.bit_length()) for variant in ("batch", "multidraft"))
@@ -200,11 +190,7 @@ def _check_curve_cost(chain, largest: int, what: str) -> None:
 
 
 def run_leviathan(args) -> int:
-    from genspec.theory import leviathan
-
     if args.chain:
-        from genspec.theory.chains import load_chain
-
         alpha = leviathan.acceptance_rate(load_chain(args.chain))
     else:
         alpha = args.alpha
@@ -223,9 +209,6 @@ def run_leviathan(args) -> int:
 
 
 def run_pareto(args) -> int:
-    from genspec.theory import pareto
-    from genspec.theory.exact import total_variation
-
     draft, target = _pareto_pair(args)
     epsilons = float_list(args.eps, "--eps") if args.eps else pareto.DEFAULT_EPSILONS
     draft, target = pareto.check_pair(draft, target)
@@ -241,8 +224,6 @@ def run_pareto(args) -> int:
 
 
 def run_optimality(args) -> int:
-    from genspec.theory import optimality
-
     if args.simulate < 0:
         raise ConfigError(f"--simulate must be >= 0, got {args.simulate}")
     rules = optimality.comparison_rules(
@@ -273,9 +254,6 @@ def run_optimality(args) -> int:
 
 def _chain_or_pair(path: Path):
     """A chain-pair file, or a one-step {"draft", "target"} file as a chain of horizon 1."""
-    from genspec.theory.chains import load_chain
-    from genspec.theory.optimality import single_step_chain
-
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -286,8 +264,6 @@ def _chain_or_pair(path: Path):
 
 
 def _pareto_pair(args):
-    from genspec.theory import pareto
-
     if args.pair:
         if args.draft or args.target:
             raise ConfigError("give either --pair FILE or --draft/--target, not both")
@@ -316,8 +292,6 @@ def _read_pair_file(path: Path):
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             raise InputFileError(f"{path}: {key} must be a list of numbers")
     try:
-        from genspec.theory.pareto import check_pair
-
         return check_pair(data["draft"], data["target"])
     except ConfigError as exc:
         raise InputFileError(f"{path}: {exc}") from None
@@ -332,8 +306,6 @@ def run_figures(args) -> int:
 
     chain = None
     if args.chain:
-        from genspec.theory.chains import load_chain
-
         chain = load_chain(args.chain)
     settings = FigureSettings(out_dir=Path(args.out), runs=args.runs, seed=args.seed, vocab=args.vocab,
                               horizon=args.horizon, chain=chain)

@@ -7,9 +7,20 @@ import sys
 import time
 from pathlib import Path
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+import genspec
 from genspec import strict_json
+from genspec.bench import tradeoff
+from genspec.bench.plots import tradeoff_plot
+from genspec.bench.prompts import encode_prompt
+from genspec.bench.run import machine_info
+from genspec.bench.winrate import load_scorer
 from genspec.cli import float_list
+from genspec.cli.bench import check_output_dir
 from genspec.cli.options import add_options, parse_option
+from genspec.engine import GenerationConfig
 from genspec.errors import ConfigError
 from genspec.interrupts import stoppable
 
@@ -63,12 +74,6 @@ def _names(text: str) -> list[str]:
 
 
 def run_tradeoff(args) -> int:
-    from rich.console import Console
-
-    from genspec.bench import tradeoff
-    from genspec.cli.bench import check_output_dir
-    from genspec.engine import GenerationConfig
-
     console = Console(stderr=True)
     # everything the user gave is checked before the model loads
     settings = tradeoff.settings_grid(_names(args.rule), float_list(args.eps, "--eps"), _names(args.residual),
@@ -89,10 +94,6 @@ def run_tradeoff(args) -> int:
     if args.drafter == "none":
         raise ConfigError("--drafter none drafts nothing: there is no acceptance rule to measure")
 
-    import genspec
-    from genspec.bench.prompts import encode_prompt
-    from genspec.bench.run import machine_info
-
     started = time.perf_counter()
     with console.status("loading the model and the drafter"):
         engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
@@ -103,8 +104,6 @@ def run_tradeoff(args) -> int:
     prompt_ids = [encode_prompt(p.text, engine.tokenizer) for p in prompts]
     scorer = scorer_name = None
     if not args.no_win_rate:
-        from genspec.bench.winrate import load_scorer
-
         scorer, scorer_name = load_scorer(args.scorer, engine.target)
 
     with _progress(console) as progress:
@@ -166,16 +165,11 @@ def command_line(args) -> str:
 
 
 def _progress(console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, transient=True)
 
 
 def _write(out: Path, args, records, settings, prompts, generations, scorer_name, interrupted, elapsed, machine) -> None:
-    from genspec.bench import tradeoff
-    from genspec.bench.plots import tradeoff_plot
-
     command = command_line(args)
     results = {
         "command": command, "interrupted": interrupted, "elapsed_s": elapsed, "machine": machine,

@@ -1,6 +1,6 @@
 """``genspec train KIND``: train a speculator for a model on this machine.
 
-- ``head``: an EAGLE-style draft head on the target's own features (:mod:`genspec.train.head`), used
+- ``head``: an EAGLE-style draft head on the target's own features (:mod:`genspec.speculators.head`), used
   with ``--drafter head -O path=DIR``;
 - ``medusa``: Medusa-1 heads on the target's last feature, used with ``--drafter medusa -O path=DIR``;
 - ``draft``: a tiny standalone draft model distilled from the target, ``--drafter draft -O path=DIR``.
@@ -11,10 +11,29 @@ excluded here), plus teacher-forced text files given with ``--data``. 1 in 10 se
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+import genspec
+from genspec.bench.prompts import encode_prompt, load_spec_bench
+from genspec.cli.bench import check_output_dir
 from genspec.cli.options import add_options
-from genspec.errors import ConfigError
+from genspec.drafters.registry import DRAFTERS
+from genspec.errors import ConfigError, InputFileError
+from genspec.models.hf import HFCausalLM
+from genspec.speculators.distilled import DraftConfig
+from genspec.speculators.head import HeadConfig
+from genspec.speculators.medusa import MedusaConfig
+from genspec.speculators.store import HEAD_CONFIG, target_fingerprint
+from genspec.train.data import (SEQUENCES, Sequences, choose_vocabulary, collect_sequences, held_out_acceptance,
+                                read_texts, record_features)
+from genspec.train.loop import resumable_state, train_head
+from genspec.train.plots import training_curve
+from genspec.train.settings import TrainSettings
 
 #: ``genspec train head --token-layers`` unless given: 0, the embedding (EAGLE's), which the shipped head was
 #: trained with, so the default command still makes it. Same data and 600 steps, the first token's agreement
@@ -77,11 +96,6 @@ def _check_files(args, out: Path):
     (empty unless ``--resume``, then holding a checkpoint that loads), ``--data`` readable UTF-8 text,
     ``--sequences`` readable sequences. Returns what the run reads of them: (saved sequences of a resumed run
     or of ``--sequences``, or None; the texts of ``--data``)."""
-    from genspec.cli.bench import check_output_dir
-    from genspec.errors import InputFileError
-    from genspec.train.data import SEQUENCES, Sequences, read_texts
-    from genspec.train.head import resumable_state
-
     if out.exists() and not out.is_dir():
         raise InputFileError(f"--out {out} is a file; give a directory (the speculator's files go in it)")
     if args.resume:
@@ -101,9 +115,6 @@ def _sequences(args, target, out: Path, given, texts: list[str], progress):
     """The run's sequences: ``given`` (those saved in ``out`` by the run resumed, or those of
     ``--sequences``), or new ones (the target's continuations + ``texts``), saved in ``out`` before
     training starts."""
-    from genspec.bench.prompts import encode_prompt, load_spec_bench
-    from genspec.train.data import SEQUENCES, collect_sequences
-
     saved = out / SEQUENCES
     if args.resume and saved.is_file():
         return given  # the resumed run's own (read by _check_files)
@@ -138,25 +149,10 @@ def _layer_list(text: str, num_layers: int) -> tuple[int, ...]:
 
 
 def _fingerprint(target) -> str:
-    from genspec.models.draft_head import target_fingerprint
-
     return target_fingerprint(target)
 
 
 def run(args) -> int:
-    import torch
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    import genspec
-    from genspec.api import DRAFTERS
-    from genspec.models.distilled import DraftConfig
-    from genspec.models.draft_head import HeadConfig, MedusaConfig
-    from genspec.models.hf import HFCausalLM
-    from genspec.train.data import held_out_acceptance
-    from genspec.train.head import TrainSettings, choose_vocabulary, record_features, resumable_state, train_head
-    from genspec.train.plots import training_curve
-
     for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size", "num_heads", "width", "layers"):
         if getattr(args, name, 1) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -223,10 +219,6 @@ def run(args) -> int:
 
 def _record(out: Path, entries: dict) -> None:
     """Add ``entries`` to the ``info`` of the saved speculator in ``out``."""
-    import json
-
-    from genspec.models.draft_head import HEAD_CONFIG
-
     meta = json.loads((out / HEAD_CONFIG).read_text())
     meta["info"].update(entries)
     (out / HEAD_CONFIG).write_text(json.dumps(meta))

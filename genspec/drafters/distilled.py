@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from genspec.drafters.draft_model import DraftModelDrafter
 from genspec.drafters.trained import load_for_target
-from genspec.models.distilled import DistilledLM
+from genspec.speculators.distilled import DistilledLM
 
 
 class DistilledDrafter(DraftModelDrafter):

@@ -23,6 +23,7 @@ from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext, 
 from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM, PrefixKV
+from genspec.models.hf import HFCausalLM
 from genspec.sampling import apply_repetition_penalty, block_seen_mask, process_logits, seen_mask
 
 
@@ -60,19 +61,11 @@ class DraftModelDrafter(Drafter):
     def for_target(cls, target: CausalLM, draft_model: str | CausalLM | None = None, num_drafts: int = 1,
                    confidence_threshold: float = 0.0) -> "DraftModelDrafter":
         """``draft_model``: a local model directory (or a loaded :class:`CausalLM`) sharing the target's
-        tokenizer."""
+        tokenizer (the registry's ``draft-model`` hands a distilled draft's directory to :class:`DistilledDrafter`
+        instead: :func:`genspec.drafters.registry.draft_model_drafter`)."""
         if draft_model is None:
             raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
         if not isinstance(draft_model, CausalLM):
-            from pathlib import Path
-
-            from genspec.models.draft_head import HEAD_CONFIG
-            from genspec.models.hf import HFCausalLM
-
-            if (Path(draft_model) / HEAD_CONFIG).is_file():  # a draft distilled by genspec train draft
-                from genspec.drafters.distilled import DistilledDrafter
-
-                return DistilledDrafter.for_target(target, str(draft_model), num_drafts, confidence_threshold)
             draft_model = HFCausalLM.from_pretrained(draft_model)
         if draft_model.vocab_size != target.vocab_size:
             raise ConfigError(f"draft and target vocabularies differ ({draft_model.vocab_size} vs "

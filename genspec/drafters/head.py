@@ -2,7 +2,7 @@
 
 The engine hands the drafter the target's features (the LM head's inputs) of every committed token:
 those of the prompt when a request starts, those of the tokens kept since at every proposal
-(:attr:`Drafter.reads_target_hidden`). The head (:class:`genspec.models.draft_head.DraftHead`) keeps a
+(:attr:`Drafter.reads_target_hidden`). The head (:class:`genspec.speculators.head.DraftHead`) keeps a
 KV cache per request (per layer) over the pairs (target feature at i, token i + 1), fed with the target's
 exact features once tokens are committed (its own guesses are never kept: EAGLE's rule), and drafts a
 chain by feeding its predicted feature back with each drafted token. Logits come from the target's own
@@ -21,8 +21,8 @@ from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TreeNode, ancesto
                                       load_for_target, tree_block)
 from genspec.drafters.layer_states import LayerStates
 from genspec.errors import ConfigError
-from genspec.models.draft_head import DraftHead
 from genspec.models.hf import transpose_linears
+from genspec.speculators.head import DraftHead
 
 
 class _Row:
@@ -44,7 +44,7 @@ class _Row:
 
 
 #: the head drafts a tree of this many nodes unless told otherwise (``tree_nodes=0``: a chain). Where a
-#: verify block of 5 tokens costs what one of 2 does (oneDNN's packed GEMM, genspec/models/head.py), a
+#: verify block of 5 tokens costs what one of 2 does (oneDNN's packed GEMM, genspec/kernels.py), a
 #: 4-node tree beats the cost policy's chain on the prompts no run measures (the 3rd of each category,
 #: 128 tokens, 2-core AMD EPYC): head 1.45x against 1.32x plain greedy and 1.34x against 1.13x
 #: at temperature 0.7 (top-p 0.9), the suffix hybrid 3.01x against 2.73x and 2.28x against 1.84x (``genspec

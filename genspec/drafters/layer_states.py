@@ -1,6 +1,6 @@
 """The target's first L layers over each request's committed tokens, for a draft head that reads them.
 
-A head with ``token_layers`` = L (:class:`genspec.models.draft_head.DraftHead`) pairs the target's feature
+A head with ``token_layers`` = L (:class:`genspec.speculators.head.DraftHead`) pairs the target's feature
 at i with the target's own state after its first L layers over token i + 1, where an EAGLE head reads that
 token's embedding. The state of the token the target has just chosen (the one after the last accepted
 draft) is computed by nobody else: the target's verify pass reaches it only at the next step. So the

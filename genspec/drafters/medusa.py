@@ -16,7 +16,7 @@ from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
 from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TreeNode, best_paths, chains_draft, draw, load_for_target,
                                       tree_block)
 from genspec.errors import ConfigError
-from genspec.models.draft_head import MedusaHeads
+from genspec.speculators.medusa import MedusaHeads
 
 
 class MedusaDrafter(Drafter):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from genspec.datastore import SEPARATOR, corpus_tokens
 from genspec.drafters.base import RequestContext
 from genspec.drafters.candidates import CandidateDrafter
 from genspec.drafters.ngrams import check_ngram_range, common_prefix_length, hash_columns, hash_ngram
@@ -179,8 +180,6 @@ def static_table(corpus: str | Path, tokenizer, min_n: int, max_n: int, namespac
         raise InputFileError(f"n-gram cache corpus not found: {corpus}") from exc
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, namespace, min_n, max_n)
     if key not in _STATIC_TABLES:
-        from genspec.datastore import SEPARATOR, corpus_tokens
-
         _STATIC_TABLES[key] = StaticTable(corpus_tokens(path, tokenizer), min_n, max_n, SEPARATOR)
     return _STATIC_TABLES[key]
 

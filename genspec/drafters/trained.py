@@ -8,7 +8,9 @@ import torch
 
 from genspec.drafters.base import Draft, RequestContext, draw_tokens
 from genspec.errors import ConfigError
+from genspec.models.hf import HFCausalLM
 from genspec.sampling import process_logits, seen_mask
+from genspec.speculators.store import load_head, target_fingerprint
 
 
 #: the assumed time per draft position of a head on the target's features (head, medusa, hybrid) until the
@@ -106,9 +108,6 @@ SHIPPED = Path(__file__).resolve().parent.parent / "data" / "speculators"
 def load_for_target(target, path: str | None, kind: str):
     """``(module, vocab_ids)`` of the trained ``kind`` at ``path`` (default: the one shipped for the
     embedded model), checked against ``target`` by its fingerprint."""
-    from genspec.models.draft_head import load_head, target_fingerprint
-    from genspec.models.hf import HFCausalLM
-
     if not isinstance(target, HFCausalLM):
         raise ConfigError(f"drafter {kind!r} needs a Hugging Face target model on the torch backend (--backend torch): "
                           "it reads the target's hidden states")

@@ -7,7 +7,7 @@ the slot positions, the new block's ancestor (tree) mask and the sliding window,
 position ids. That one mechanism gives chains, token trees, ragged batches and exact rollback for
 every architecture whose attention takes a prepared 4-D mask (Llama, Gemma 3, Qwen, Mistral, ...).
 
-The LM head is applied by genspec (:class:`genspec.models.head.LMHead`), only to the rows that need it,
+The LM head is applied by genspec (:class:`genspec.kernels.LMHead`), only to the rows that need it,
 with the fastest exact CPU kernel for the number of rows (one ``W @ x.T`` or oneDNN's GEMM over a packed
 copy, timed per row count on a large head); with a 262k vocabulary that halves a decode step's head and makes
 verifying a draft much cheaper than ``F.linear`` (``python benchmarks/costs/step_cost.py``,
@@ -25,10 +25,13 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
-from genspec.errors import ConfigError, InputFileError
+from genspec.errors import ConfigError, ContextLengthError, InputFileError
+from genspec.kernels import LMHead, PackedWeight, needs_grad, packable, weight_times_rows
 from genspec.models.base import CausalLM, PrefixKV
-from genspec.models.head import LMHead, PackedWeight, needs_grad, packable, weight_times_rows
+
+# transformers is imported where it is used: `import genspec` would otherwise spend 3 s on it
 
 #: files that make a model directory's tokenizer (if one is there but does not load, that is an error)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -172,9 +175,7 @@ class HFCausalLM(CausalLM):
         path = Path(path)
         if not path.is_dir() or not (path / "config.json").is_file():
             raise InputFileError(f"no model at {path}: expected a directory with config.json and weights")
-        from safetensors import SafetensorError  # a truncated or overwritten weights file
-
-        try:
+        try:  # SafetensorError: a truncated or overwritten weights file
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
         except (OSError, ValueError, SafetensorError) as exc:
             raise InputFileError(f"cannot load model from {path}: {_first_line(exc)}") from exc
@@ -422,8 +423,6 @@ class HFCausalLM(CausalLM):
         depth = (tree_mask & valid.unsqueeze(1)).sum(-1) - 1
         query_positions = self._lengths.unsqueeze(1) + depth.clamp(min=0)
         if self.max_context is not None and int(query_positions.masked_fill(~valid, 0).max()) >= self.max_context:
-            from genspec.errors import ContextLengthError
-
             raise ContextLengthError(f"sequence would exceed the model's context of {self.max_context} tokens")
         masks = self._attention_masks(query_positions, tree_mask, valid)
         self._block_start = self.num_slots
@@ -466,7 +465,7 @@ class HFCausalLM(CausalLM):
             logits = self.head(hidden)
         else:
             # the head only where a token is real: with a 262k vocabulary it is a large share of a verified
-            # token's cost (models/head.py has the kernel timings), and padding is never read
+            # token's cost (genspec/kernels.py has the kernel timings), and padding is never read
             logits = hidden.new_zeros(*hidden.shape[:-1], self.vocab_size)
             logits[valid] = self.head(hidden[valid]).to(logits.dtype)
         return (logits, states) if return_hidden else logits
@@ -499,7 +498,7 @@ def _filled_layers(cache):
 class TransposedLinear(torch.nn.Module):
     """``nn.Linear`` computed as the transposed product ``(W @ x.T).T``, the faster CPU kernel for the
     one or two rows of decoding, and from ``PACKED_MIN_ROWS`` rows on (a verify block) as oneDNN's GEMM
-    over a packed copy of the weight (:class:`genspec.models.head.PackedWeight`, where the weight can take
+    over a packed copy of the weight (:class:`genspec.kernels.PackedWeight`, where the weight can take
     it and no gradient is asked for), exactly (the same fp32 products; only the summation order differs).
 
     One row is duplicated to two: MKL's two-column GEMM beats its one-column GEMV (and ``x @ W.T`` on a
@@ -509,7 +508,7 @@ class TransposedLinear(torch.nn.Module):
     result and a one-row GEMV / as here, 1, 2, 3, 4 and 8 tokens after 200: 41 / 35, 44 / 34, 56 / 37,
     49 / 35, 76 / 58 ms (medians of 11, kernels alternated in one process; 2-core AMD EPYC, torch 2.13, MKL).
     The packed GEMM takes its 126 linears from 21-39 ms to 16-20 ms for 3-8 rows; at two rows it loses (22
-    against 16-18 ms), at one it is about even (:class:`~genspec.models.head.PackedWeight`). Shares the original weight; the
+    against 16-18 ms), at one it is about even (:class:`~genspec.kernels.PackedWeight`). Shares the original weight; the
     packed copy (as large again: 400 MB for the embedded model) is made the first time a block of
     ``PACKED_MIN_ROWS`` or more rows comes. ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
 

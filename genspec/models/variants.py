@@ -124,7 +124,7 @@ def early_exit(target: HFCausalLM, exit_layer: int, vocab_subset: torch.Tensor |
 def first_layers(target: HFCausalLM, count: int) -> HFCausalLM:
     """The target's first ``count`` layers (weights shared, its own KV cache), whose hidden states are
     those layers' output un-normed (transformers' ``hidden_states[count]``): what a draft head with
-    ``token_layers`` reads of each committed token (:class:`genspec.models.draft_head.DraftHead`)."""
+    ``token_layers`` reads of each committed token (:class:`genspec.speculators.head.DraftHead`)."""
     total = num_layers(target)
     if not (isinstance(count, int) and 1 <= count < total):
         raise ConfigError(f"the number of the target's layers to run must be in 1..{total - 1}, got {count}")

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from genspec.errors import ConfigError, InputFileError
 from genspec.theory import exact, pareto
@@ -108,9 +110,6 @@ def _progress(show: bool):
     if not show:
         yield _NoProgress()
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     columns = (TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True)) as progress:

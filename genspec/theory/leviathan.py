@@ -10,13 +10,12 @@ cheap: nothing here imports scipy or the exact/simulation modules at import time
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import Callable, Optional, Union
 
 from genspec.errors import ConfigError
 from genspec.theory.budget import Cost, check
-
-if TYPE_CHECKING:  # pragma: no cover
-    from genspec.theory.chains import ChainPair
+from genspec.theory.chains import ChainPair
+from genspec.theory.exact import expected_rejections_sd
 
 VerifyCost = Union[float, Callable[[int], float]]
 #: one speedup evaluation in the optimal-gamma search (``python benchmarks/theory/theory_costs.py``)
@@ -91,6 +90,4 @@ def optimal_gamma(alpha: float, cost_ratio: float, max_gamma: int = 64,
 def acceptance_rate(chain: ChainPair) -> float:
     """alpha of a chain pair: 1 - E[TV] averaged over the T positions of the target chain
     (= 1 - E[N_rej of SD] / T by Theorem 1)."""
-    from genspec.theory.exact import expected_rejections_sd  # lazily: exact imports scipy
-
     return 1.0 - expected_rejections_sd(chain) / chain.horizon

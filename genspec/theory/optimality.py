@@ -25,6 +25,8 @@ from genspec.acceptance import keep_probabilities, residual_distribution
 from genspec.errors import ConfigError
 from genspec.theory.chains import ChainPair
 from genspec.theory.pareto import bias, output_law, rejection_probability
+from genspec.theory.simulate import simulate_rule
+from genspec.theory.stats import chi_square_pvalue
 
 #: an exact bias at or below this counts as unbiased (float64 rounding of laws over V <= a few hundred)
 UNBIASED_TOLERANCE = 1e-12
@@ -98,9 +100,6 @@ def evaluate_rule(chain: ChainPair, rule: Rule, num_runs: int = 0, seed: int = 0
         marginal = marginal @ output_law(chain.draft[n], keep[n], resample[n])
     outcome = RuleOutcome(rule.name, rule.description, expected, worst, worst <= UNBIASED_TOLERANCE)
     if num_runs:
-        from genspec.theory.simulate import simulate_rule
-        from genspec.theory.stats import chi_square_pvalue
-
         simulation = simulate_rule(chain, keep, resample, num_runs, seed)
         counts = np.bincount(simulation.sequences[:, -1], minlength=chain.vocab_size)
         outcome.simulated_mean, outcome.simulated_stderr = simulation.mean, simulation.stderr

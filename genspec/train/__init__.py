@@ -1,1 +1,2 @@
-"""Training speculators for a target model (``genspec train``): draft heads on its own features."""
+"""Training speculators for a target model (``genspec train``): data, losses, loop; the networks it trains
+are in :mod:`genspec.speculators`."""

@@ -5,17 +5,22 @@ continuations: about 15 minutes for 415 prompts x 128 tokens on a 2-core CPU).
 Sources: the target's own greedy continuations of Spec-Bench prompts that ``genspec bench`` never
 measures (prompts longer than ``max_prompt_tokens`` are teacher-forced only: decoding after them is
 slow on a CPU), and teacher-forced text. 1 in 10 sequences (by a seeded permutation) is held out.
+The target's features over them (:func:`record_features`) are what the speculators learn from.
 """
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from genspec.calibration import most_frequent_tokens
+from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
+from genspec.models.variants import first_layers
 
 #: the sequences of a run, in its output directory
 SEQUENCES = "sequences.json"
@@ -90,8 +95,6 @@ def collect_sequences(target, prompts: list[list[int]], texts: list[str], max_ne
                       progress: Callable[[int, int], None] | None = None) -> Sequences:
     """The target's greedy continuations of ``prompts`` (batched; shortest first, for less padding)
     and ``texts`` teacher-forced. ``progress(done, total)`` after each batch of continuations."""
-    from genspec.engine import SpeculativeEngine
-
     context = target.max_context or 1 << 30
     limit = min(max_prompt_tokens, context - max_new_tokens)
     ordered = sorted(prompts, key=len)
@@ -126,8 +129,6 @@ def held_out_acceptance(target, drafter, prompts: list[list[int]], max_new_token
                         num_draft_tokens: int = 5) -> dict:
     """What a trained drafter achieves where it was not trained: greedy generation through the engine
     on held-out prompts at a fixed draft length; per-position acceptance from the engine's records."""
-    from genspec.engine import SpeculativeEngine
-
     if not prompts:
         return {}
     engine = SpeculativeEngine(target, drafter, max_batch_size=len(prompts))
@@ -144,3 +145,38 @@ def held_out_acceptance(target, drafter, prompts: list[list[int]], max_new_token
     return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "num_draft_tokens": num_draft_tokens,
             "first_token_acceptance": per_position[0], "acceptance_per_position": per_position,
             "mean_accepted_length": 1 + kept / calls if calls else 0.0}
+
+
+def record_features(target, sequences: list[list[int]], batch_size: int = 8,
+                    progress: Callable[[int], None] | None = None,
+                    token_layers: int = 0, feature_layers: tuple[int, ...] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(tokens [n], features [n, H])`` per sequence: the target's feature at every position but the
+    last (whose successor is unknown, so it teaches nothing), as the engine hands them to drafters.
+    With ``feature_layers``, the outputs of those target layers follow it (``[n, H * (1 + len)]``, as the
+    engine hands them to a head with ``feature_layers``); with ``token_layers`` = L, then the state after
+    the target's first L layers at each position, as :class:`genspec.drafters.layer_states.LayerStates`
+    computes it at run time."""
+    models = [target] + ([first_layers(target, token_layers)] if token_layers else [])
+    layers = [tuple(feature_layers)] + [()] * (len(models) - 1)
+    out = []
+    for start in range(0, len(sequences), batch_size):
+        batch = [s for s in sequences[start:start + batch_size] if len(s) >= 3]
+        if not batch:
+            continue
+        parts = []
+        for model, wanted in zip(models, layers):
+            model.reset(0)
+            parts.append(model.add_rows([s[:-1] for s in batch], return_hidden=True, hidden_layers=wanted))
+        for n, seq in enumerate(batch):
+            features = torch.cat([part[n].detach().to(torch.float32) for part in parts], -1).clone()
+            out.append((torch.tensor(seq, dtype=torch.long), features))
+        if progress is not None:
+            progress(len(batch))
+    for model in models:
+        model.reset(0)
+    return out
+
+
+def choose_vocabulary(sequences: list[list[int]], size: int, always: tuple[int, ...] = ()) -> list[int]:
+    """The head's vocabulary: the ``size`` most frequent tokens of ``sequences``, plus ``always`` (EOS)."""
+    return most_frequent_tokens(Counter(t for s in sequences for t in s), size, always)[0]

