@@ -189,8 +189,10 @@ for _name, _part in _PART_OF.items():
 
 def _acceptance(rule: Rule | None, auto: bool | None, settings: dict) -> tuple[Rule, bool]:
     """The acceptance part from a given rule (None: the standard one, "auto") and the flat settings
-    ``rule`` ("auto" or a kind), ``epsilon``, ``residual``, ``delta`` that override it. "auto" chooses between
+    ``rule`` ("auto", a kind or a :class:`Rule`), ``epsilon``, ``residual``, ``delta`` that override it. "auto" chooses between
     lossless rules only: with a lossy epsilon or residual it is "overaccept"."""
+    if isinstance(settings.get("rule"), Rule):  # the flat ``rule`` may be a whole Rule
+        rule, auto, settings = settings["rule"], False, {k: v for k, v in settings.items() if k != "rule"}
     base = rule or STANDARD
     auto = (rule is None) if auto is None else auto
     kind = settings.get("rule", base.kind if not auto else AUTO)

@@ -90,6 +90,8 @@ def test_the_flat_constructor_builds_typed_parts_and_reads_back_flat():
         12, 0.7, 5, ("END",), (2,), 4, "fixed", "none", 3)
     assert (config.rule, config.epsilon, config.residual, config.delta) == ("typical", 0.09, "uno", 0.5)
     assert GenerationConfig(temperature=0.5) == GenerationConfig(sampling=SamplingConfig(0.5))
+    assert GenerationConfig(temperature=0.7, rule=Rule("typical", 0.09)).acceptance_rule == Rule("typical", 0.09)
+    assert GenerationConfig(temperature=0.7, rule=Rule("typical"), epsilon=0.2).epsilon == 0.2
     assert genspec.GenerationConfig is GenerationConfig and genspec.engine.GenerationConfig is GenerationConfig
 
 
