@@ -72,11 +72,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from genspec.errors import ConfigError
 from genspec.theory.leviathan import expected_tokens_per_call
 
-POLICIES = ("fixed", "heuristic", "cost")
+
+class DraftLengthPolicy(StrEnum):
+    """How many tokens a request drafts per step (:class:`DraftLength`)."""
+
+    FIXED = "fixed"
+    HEURISTIC = "heuristic"
+    COST = "cost"
+
+
+POLICIES = tuple(policy.value for policy in DraftLengthPolicy)
 #: how much faster than plain decoding the cost policy's estimate must be before it drafts at all
 MARGIN = 1.1
 #: probes of a switched-off costly drafter spend at most this share of the idle time (:meth:`DraftLength.probe_wait`),

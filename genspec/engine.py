@@ -22,125 +22,22 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from genspec.acceptance import Verdict, check_rule, is_lossless, verify
-from genspec.checks import finite, integer
-from genspec.draft_length import (POLICIES, AcceptanceMemory, CostModel, DraftCost, DraftLength, RowPlan, plan,
-                                  probe_affordable)
+from genspec.acceptance import Candidates, Rule, RuleKind, Verdict, verify
+from genspec.checks import integer
+from genspec.config import GenerationConfig, with_overrides  # noqa: F401 (GenerationConfig: re-exported)
+from genspec.draft_length import AcceptanceMemory, CostModel, DraftCost, DraftLength, RowPlan, plan, probe_affordable
 from genspec.drafters.base import DEFAULT_DRAFT_TOKENS, Draft, DraftBlock, Drafter, DraftRequest, RequestContext
 from genspec.errors import ConfigError, ContextLengthError, GenerationError, GenspecError, NumericalError
 from genspec.models.base import CausalLM
-from genspec.randomness import RequestRandomness
-from genspec.sampling import SamplingConfig, block_seen_mask, seen_mask
+from genspec.randomness import RequestRandomness, block_noise
+from genspec.sampling import block_seen_mask, seen_mask
 from genspec.theory.pareto import StepStatistics, chain_step_statistics
 
 NO_DRAFTER = "none"
-AUTO = "auto"  # GenerationConfig.rule: the engine picks the rule (GenerationConfig.resolved)
-
-
-@dataclass
-class GenerationConfig:
-    """What to generate. ``temperature == 0`` is greedy.
-
-    Acceptance (:mod:`genspec.acceptance`): ``rule`` "overaccept" keeps a draft token with probability
-    b = min{1, (q + eps)/p}; with ``epsilon`` 0 and ``residual`` "opt" that is the standard, lossless
-    rule. "coupled" (lossless) draws draft and target with shared noise and keeps matching tokens: a
-    seeded request then gives the same tokens under every draft-length policy, whatever its drafter
-    (:mod:`genspec.randomness`), for a lower acceptance than the standard rule's 1 - TV. "auto" (the
-    default) is "coupled" for a seeded, sampled, lossless request whose drafter samples its drafts
-    (``Drafter.samples_drafts``) and "overaccept" otherwise (:meth:`resolved`; the stats report the rule
-    used). ``epsilon > 0``, or ``residual`` "uno" (resample from q, biased even at eps 0),
-    or ``rule`` "typical" (Medusa: keep y iff q(y) > min(eps, delta exp(-H(q)))) are lossy: the output
-    no longer has the target's law (:attr:`lossless` False, reported in the stats). Lossy rules need
-    sampling (temperature > 0): greedy decoding is exact token matching. ``measure_bias``: record the
-    rule's exact bias and rejection per judged draft position (``genspec.theory.pareto``; chain drafts
-    only, temperature > 0).
-
-    ``drafter`` names one of the engine's drafters (None: the engine's default; ``"none"``: no
-    speculation); ``drafter_options`` are per-request options that drafter accepts (its
-    ``request_options``, e.g. the edit drafter's ``source``).
-    """
-
-    max_new_tokens: int = 64
-    num_draft_tokens: int | None = None  # None: the drafter's own (Drafter.default_draft_tokens), see resolved
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop_strings: tuple[str, ...] = ()
-    eos_token_ids: tuple[int, ...] | None = None
-    epsilon: float = 0.0
-    residual: str = "opt"
-    draft_length: str = "cost"
-    drafter: str | None = None
-    drafter_options: dict = field(default_factory=dict)
-    rule: str = "auto"
-    delta: float = 0.3  # typical acceptance's entropy factor (Medusa's default)
-    measure_bias: bool = False
-
-    def __post_init__(self):
-        self.max_new_tokens = integer("max_new_tokens", self.max_new_tokens, minimum=1)
-        if self.num_draft_tokens is not None:
-            self.num_draft_tokens = integer("num_draft_tokens (k)", self.num_draft_tokens, minimum=1)
-        if self.seed is not None:  # NumPy's SeedSequence (genspec.randomness) takes integers >= 0
-            self.seed = integer("seed", self.seed, minimum=0)
-        self.epsilon, self.delta = finite("epsilon", self.epsilon), finite("delta", self.delta)
-        if self.eos_token_ids is not None:
-            if isinstance(self.eos_token_ids, (str, bytes)) or not isinstance(self.eos_token_ids, Iterable):
-                raise ConfigError(f"eos_token_ids must be a sequence of token ids, got {self.eos_token_ids!r}")
-            self.eos_token_ids = tuple(integer("eos_token_ids", t, minimum=0) for t in self.eos_token_ids)
-        if self.rule == AUTO:
-            check_rule("overaccept", self.residual, self.epsilon, self.delta)
-            if not self.lossless:  # "auto" chooses between lossless rules only
-                self.rule = "overaccept"
-        else:
-            check_rule(self.rule, self.residual, self.epsilon, self.delta)
-        if self.measure_bias and self.rule == "coupled":
-            raise ConfigError("bias measurement needs the overaccept or typical rule (the coupled rule is "
-                              "lossless and its rejection has no closed form)")
-        if self.draft_length not in POLICIES:
-            raise ConfigError(f"draft_length must be one of {POLICIES}, got {self.draft_length!r}")
-        self.stop_strings = (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings or ())
-        if any(not isinstance(s, str) or not s for s in self.stop_strings):
-            # an empty stop string is found in any text: the request would stop after its first token
-            raise ConfigError(f"stop strings must be non-empty text, got {list(self.stop_strings)!r}")
-        self.sampling  # validates temperature, top-k, top-p, penalty
-        if self.sampling.greedy and (not self.lossless or self.measure_bias):
-            raise ConfigError(f"{'bias measurement' if self.lossless else 'a lossy acceptance rule'} needs "
-                              f"temperature > 0: at temperature 0 decoding is greedy token matching, which is exact")
-
-    @property
-    def lossless(self) -> bool:
-        """True iff the output has exactly the target's law (the standard rule)."""
-        return is_lossless("overaccept" if self.rule == AUTO else self.rule, self.epsilon, self.residual)
-
-    def resolved(self, samples_drafts: bool, default_draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> "GenerationConfig":
-        """This config made concrete for a drafter that does (or not) sample its drafts and drafts
-        ``default_draft_tokens`` at most unless told otherwise: ``num_draft_tokens`` None becomes that
-        depth; rule "auto" becomes "coupled" when the request is seeded, sampled and lossless and the
-        drafter samples (so that its seed reproduces it under every draft-length policy), else "overaccept"."""
-        if self.num_draft_tokens is None:
-            return replace(self, num_draft_tokens=default_draft_tokens).resolved(samples_drafts)
-        if self.rule != AUTO:
-            return self
-        coupled = (samples_drafts and self.seed is not None and not self.sampling.greedy and self.lossless
-                   and not self.measure_bias)
-        return replace(self, rule="coupled" if coupled else "overaccept")
-
-    @property
-    def acceptance(self) -> dict:
-        """The acceptance rule as reported in stats and JSON: rule, epsilon, delta (typical only),
-        residual, lossless."""
-        return {"rule": self.rule, "epsilon": self.epsilon, "delta": self.delta if self.rule == "typical" else None,
-                "residual": None if self.rule == "coupled" else self.residual, "lossless": self.lossless}
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
 
 
 @dataclass
@@ -276,10 +173,12 @@ class StepRecord:
     total_time_s: float = 0.0
 
 
-def _group_rule(config: GenerationConfig) -> str:
-    """The rule a group's rows that are not coupled follow: lossless rows (standard and coupled share a
-    group, :meth:`_Request.group`) follow the standard rule, lossy groups their own."""
-    return "overaccept" if config.lossless else config.rule
+def _group_rule(requests: list[_Request]) -> Rule:
+    """The rule a group's rows that are not coupled follow, with each row's epsilon and delta: lossless rows
+    (standard and coupled share a group, :meth:`_Request.group`) follow the standard rule, lossy groups
+    their own."""
+    rules = [r.config.acceptance_rule for r in requests]
+    return Rule.batch([Rule(delta=rule.delta) if rule.lossless else rule for rule in rules])
 
 
 def _costly_part(drafter: Drafter | None) -> Drafter | None:
@@ -314,7 +213,7 @@ class _Request:
         self.started_at = 0.0
         self.reads_hidden = drafter is not None and drafter.reads_target_hidden
         self.hidden_layers = drafter.target_hidden_layers if self.reads_hidden else ()  # beyond the final states
-        self.coupled = config.rule == "coupled" and not self.sampling.greedy  # verified by the coupled rule
+        self.coupled = config.acceptance_rule.kind is RuleKind.COUPLED and not self.sampling.greedy  # the coupled rule verifies it
         self.pending_hidden: list[torch.Tensor] = []  # the target's hidden states not yet handed to the drafter
 
     @property
@@ -338,7 +237,8 @@ class _Request:
     def group(self) -> tuple:
         """Rows verified together: one drafter, and lossless rows (standard and coupled: ``verify`` takes a
         per-row mask) apart from each lossy (rule, residual)."""
-        return self.drafter_name, (None if self.config.lossless else (self.config.rule, self.config.residual))
+        rule = self.config.acceptance_rule
+        return self.drafter_name, (None if rule.lossless else (rule.kind, rule.residual))
 
 
 @dataclass
@@ -776,12 +676,10 @@ class SpeculativeEngine:
         """Add the rule's exact statistics at this step's judged draft positions (``genspec.theory.pareto``)
         to the stats of the group's requests that measure them."""
         started = time.perf_counter()
-        configs = [r.config for r in group.requests]
         totals = chain_step_statistics(
             group.draft.tokens[:, 0], None if group.draft.probs is None else group.draft.probs[:, 0],
             group.verdict.target_probs, group.verdict.accepted_length, group.block.lengths[:, 0],
-            _group_rule(configs[0]), configs[0].residual, torch.tensor([c.epsilon for c in configs], dtype=torch.float64),
-            torch.tensor([c.delta for c in configs], dtype=torch.float64))
+            _group_rule(group.requests))
         seconds = time.perf_counter() - started
         for i, request in enumerate(group.requests):
             if request.config.measure_bias:
@@ -796,30 +694,11 @@ class SpeculativeEngine:
         if any(s.repetition_penalty != 1.0 for s in sampling):
             base = seen_mask([r.sequence for r in requests], logits.shape[-1], logits.device)
             seen = block_seen_mask(base, block.tokens, block.tree_mask)
-        accept_uniforms = sample_uniforms = None
-        if not all(s.greedy for s in sampling):
-            k, width = draft.width, max(r.random.num_candidates for r in requests)
-            sample_uniforms = torch.zeros(len(requests), k + 1, dtype=torch.float64)
-            accept_uniforms = torch.zeros(len(requests), k, max(width, draft.num_chains), dtype=torch.float64)
-            for i, request in enumerate(requests):
-                if not request.sampling.greedy:
-                    sample, accept = request.random.uniforms(len(request.generated), k + 1)
-                    sample_uniforms[i] = sample
-                    accept_uniforms[i, :, :accept.shape[1]] = accept[:k]
-        config = requests[0].config  # a group shares its rule and residual (``_Request.group``)
-        epsilon = torch.tensor([r.config.epsilon for r in requests], dtype=torch.float64)
-        delta = torch.tensor([r.config.delta for r in requests], dtype=torch.float64)
-        coupled = torch.tensor([r.coupled for r in requests])
-        race = None
-        if bool(coupled.any()):  # the coupled rows' noise at each depth of the block
-            race = torch.zeros(len(requests), draft.width + 1, logits.shape[-1], dtype=torch.float64)
-            for i, request in enumerate(requests):
-                if request.coupled:
-                    race[i] = request.random.races(len(request.generated), draft.width + 1, logits.shape[-1])
-        return verify(draft.tokens, block.lengths, logits, sampling, node_of=block.node_of, draft_probs=draft.probs, seen=seen,
-                      epsilon=epsilon if bool(epsilon.any()) else 0.0, residual=config.residual,
-                      accept_uniforms=accept_uniforms, sample_uniforms=sample_uniforms, rule=_group_rule(config),
-                      delta=delta, coupled=coupled, race=race)
+        noise = block_noise([None if r.sampling.greedy else r.random for r in requests],
+                            [len(r.generated) for r in requests], [r.coupled for r in requests],
+                            draft.width, draft.num_chains, logits.shape[-1])
+        return verify(Candidates(draft.tokens, block.lengths, block.node_of, draft.probs), logits, sampling,
+                      _group_rule(requests), noise, seen)
 
     def _commit(self, groups: list[_Group]) -> None:
         """Keep the accepted path of every row in the target's cache; drop the rest of the block."""
@@ -982,12 +861,4 @@ def _own_hidden(hidden: torch.Tensor, layers: tuple[int, ...], own: tuple[int, .
 
 
 def _config(config: GenerationConfig | None, overrides: dict) -> GenerationConfig:
-    if config is not None and not isinstance(config, GenerationConfig):
-        raise ConfigError(f"config must be a GenerationConfig, got {type(config).__name__}")
-    unknown = sorted(set(overrides) - {f.name for f in fields(GenerationConfig)})
-    if unknown:
-        raise ConfigError(f"unknown generation setting(s) {', '.join(unknown)}; GenerationConfig takes "
-                          f"{', '.join(f.name for f in fields(GenerationConfig))}")
-    if config is None:
-        return GenerationConfig(**overrides)
-    return replace(config, **overrides) if overrides else config
+    return with_overrides(config, overrides)

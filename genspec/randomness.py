@@ -39,6 +39,9 @@ rule has no such leak: its token at t is a function of e_t and the tokens before
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -114,3 +117,41 @@ class RequestRandomness:
         self._decided = max(self._decided, position)
         for decided in [p for p in self._race if p < position]:
             del self._race[decided]
+
+
+@dataclass
+class Noise:
+    """The randomness of one verification, per row (:func:`genspec.acceptance.verify`): ``sample`` ``[B, k + 1]``
+    uniforms (the draw of the token at each depth) and ``accept`` ``[B, k, M]`` (the keep tests of the M
+    candidates at each depth; :func:`~genspec.acceptance.verify_multidraft`, one position: ``[B]`` and
+    ``[B, M]``); either None: drawn from ``generator``. ``coupled`` ``[B]`` (bool) marks the rows verified by
+    the coupled rule, ``race`` ``[B, k + 1, V]`` their noise at each depth (zeros on the other rows)."""
+
+    sample: torch.Tensor | None = None
+    accept: torch.Tensor | None = None
+    coupled: torch.Tensor | None = None
+    race: torch.Tensor | None = None
+    generator: torch.Generator | None = None
+
+
+def block_noise(streams: Sequence[RequestRandomness | None], positions: Sequence[int], coupled: Sequence[bool],
+                depth: int, num_chains: int, vocab_size: int) -> Noise | None:
+    """The :class:`Noise` of a block ``depth`` draft positions deep and ``num_chains`` candidates wide whose
+    row i starts at output position ``positions[i]`` of its request: ``streams[i]`` is the request's
+    :class:`RequestRandomness`, or None for a greedy row (zeros: it draws nothing); rows marked ``coupled``
+    also get their race noise. None when every row is greedy (nothing is drawn)."""
+    if all(stream is None for stream in streams):
+        return None
+    rows = len(streams)
+    width = max([num_chains] + [s.num_candidates for s in streams if s is not None])
+    sample = torch.zeros(rows, depth + 1, dtype=torch.float64)
+    accept = torch.zeros(rows, depth, width, dtype=torch.float64)
+    race = torch.zeros(rows, depth + 1, vocab_size, dtype=torch.float64) if any(coupled) else None
+    for i, (stream, position) in enumerate(zip(streams, positions)):
+        if stream is None:
+            continue
+        sample[i], row_accept = stream.uniforms(position, depth + 1)
+        accept[i, :, :row_accept.shape[1]] = row_accept[:depth]
+        if coupled[i]:
+            race[i] = stream.races(position, depth + 1, vocab_size)
+    return Noise(sample, accept, torch.tensor(list(coupled), dtype=torch.bool), race)

@@ -12,6 +12,7 @@ import torch
 from stats_helpers import chi_square_pvalue
 
 from genspec.acceptance import (
+    Candidates,
     sample_with_uniforms,
     verify,
     verify_chain,
@@ -19,6 +20,7 @@ from genspec.acceptance import (
     verify_multidraft,
     verify_tree,
 )
+from genspec.randomness import Noise
 from genspec.sampling import SamplingConfig
 
 N = 20_000
@@ -84,7 +86,7 @@ def test_verify_chain_emits_the_target_law(deterministic):
     if deterministic:  # the same fixed draft in every row (its law is a point mass), often right at first
         drafts = torch.tensor([int(target[0].argmax()), 2]).expand(N, k)
     verdict = verify_chain(drafts, target.expand(N, -1, -1), None if deterministic else draft.expand(N, -1, -1),
-                           generator=generator)
+                           noise=Noise(generator=generator))
     first = _emitted(verdict, drafts, 0)
     assert chi_square_pvalue(torch.bincount(first, minlength=vocab).numpy(), target[0].numpy()) > 1e-3
     second = _emitted(verdict, drafts, 1)
@@ -105,7 +107,7 @@ def test_point_mass_coupling_reproduces_plain_sampling():
     generator = torch.Generator().manual_seed(8)
     right = torch.rand(batch, k, generator=generator) < 0.6
     drafts = torch.where(right, plain[:, :k], torch.randint(0, vocab, (batch, k), generator=generator))
-    verdict = verify_chain(drafts, target, None, sample_uniforms=uniforms)
+    verdict = verify_chain(drafts, target, None, noise=Noise(sample=uniforms))
     for b in range(batch):
         a = int(verdict.accepted_length[b])
         assert drafts[b, :a].tolist() == plain[b, :a].tolist()
@@ -121,10 +123,10 @@ def test_a_rows_verdict_depends_only_on_its_own_tensors():
     accept = torch.rand(batch, k, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
     sample = torch.rand(batch, k + 1, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
     lengths = torch.randint(0, k + 1, (batch,))
-    together = verify_chain(drafts, target, draft, lengths, accept_uniforms=accept, sample_uniforms=sample)
+    together = verify_chain(drafts, target, draft, lengths, noise=Noise(sample, accept.unsqueeze(-1)))
     for b in range(batch):
         alone = verify_chain(drafts[b:b + 1], target[b:b + 1], draft[b:b + 1], lengths[b:b + 1],
-                             accept_uniforms=accept[b:b + 1], sample_uniforms=sample[b:b + 1])
+                             noise=Noise(sample[b:b + 1], accept[b:b + 1].unsqueeze(-1)))
         assert int(alone.accepted_length) == int(together.accepted_length[b])
         assert int(alone.next_token) == int(together.next_token[b])
 
@@ -138,7 +140,7 @@ def test_verify_multidraft_with_a_candidate_mask_emits_the_target_law():
     candidates = torch.multinomial(draft, N * 3, replacement=True, generator=generator).reshape(N, 3)
     mask = torch.rand(N, 3, generator=generator) < 0.6
     verdict = verify_multidraft(candidates, target.expand(N, -1), draft.expand(N, -1), candidate_mask=mask,
-                                generator=generator)
+                                noise=Noise(generator=generator))
     assert (verdict.accepted_index[~mask.any(1)] == -1).all()
     chosen = verdict.accepted_index >= 0
     assert mask[chosen, verdict.accepted_index[chosen]].all()  # only live candidates are kept
@@ -155,15 +157,14 @@ def test_a_one_chain_tree_is_a_chain(deterministic):
     accept = torch.rand(batch, k, dtype=torch.float64)
     sample = torch.rand(batch, k + 1, dtype=torch.float64)
     probs = None if deterministic else draft
-    chain = verify_chain(drafts, target, probs, lengths, accept_uniforms=accept, sample_uniforms=sample)
+    chain = verify_chain(drafts, target, probs, lengths, noise=Noise(sample, accept.unsqueeze(-1)))
     node_of = (torch.arange(k) + 1).expand(batch, 1, k)
-    tree = verify_tree(drafts.unsqueeze(1), lengths.unsqueeze(1), node_of, target_probs=target,
-                       draft_probs=None if probs is None else probs.unsqueeze(1),
-                       accept_uniforms=accept.unsqueeze(-1), sample_uniforms=sample)
+    draft = Candidates(drafts.unsqueeze(1), lengths.unsqueeze(1), node_of, None if probs is None else probs.unsqueeze(1))
+    tree = verify_tree(draft, target_probs=target, noise=Noise(sample, accept.unsqueeze(-1)))
     assert torch.equal(tree.accepted_length, chain.accepted_length)
     assert torch.equal(tree.next_token, chain.next_token)
     greedy = verify_greedy(drafts, target.argmax(-1), lengths)
-    greedy_tree = verify_tree(drafts.unsqueeze(1), lengths.unsqueeze(1), node_of, target_argmax=target.argmax(-1))
+    greedy_tree = verify_tree(draft, target_argmax=target.argmax(-1))
     assert torch.equal(greedy_tree.accepted_length, greedy.accepted_length)
     assert torch.equal(greedy_tree.next_token, greedy.next_token)
 
@@ -178,11 +179,11 @@ def test_tree_walk_follows_the_matching_branch():
     target[0, 0, 1] = 1.0  # at the root the target says 1 (node 1) ...
     target[0, 1, 3] = 1.0  # ... then 3 (the second chain's node 3) ...
     target[0, 3, 0] = 1.0  # ... then the bonus 0
-    verdict = verify_tree(chains, lengths, node_of, target_probs=target,
-                          sample_uniforms=torch.full((1, 3), 0.5, dtype=torch.float64))
+    verdict = verify_tree(Candidates(chains, lengths, node_of), target_probs=target,
+                          noise=Noise(sample=torch.full((1, 3), 0.5, dtype=torch.float64)))
     assert verdict.path.tolist() == [[0, 1, 3]]
     assert verdict.accepted_length.tolist() == [2] and verdict.next_token.tolist() == [0]
-    greedy = verify_tree(chains, lengths, node_of, target_argmax=target.argmax(-1))
+    greedy = verify_tree(Candidates(chains, lengths, node_of), target_argmax=target.argmax(-1))
     assert greedy.path.tolist() == [[0, 1, 3]] and greedy.next_token.tolist() == [0]
 
 
@@ -198,8 +199,8 @@ def test_tree_of_independent_draft_chains_emits_the_target_law():
     # either way); the target's law at a node is the context-free law of the next depth
     node_of = (torch.arange(m * k).reshape(m, k) + 1).expand(N, m, k)
     laws = torch.cat([target[:1], target[1:].repeat(m, 1)])  # node 0, then per chain depths 1..k
-    verdict = verify_tree(chains, torch.full((N, m), k), node_of, target_probs=laws.expand(N, -1, -1),
-                          draft_probs=draft.expand(N, m, -1, -1), generator=generator)
+    verdict = verify_tree(Candidates(chains, torch.full((N, m), k), node_of, draft.expand(N, m, -1, -1)),
+                          target_probs=laws.expand(N, -1, -1), noise=Noise(generator=generator))
     kept = verdict.path[:, 1]
     first = torch.where(kept >= 0, chains[torch.arange(N), (kept.clamp(min=1) - 1) // k, 0], verdict.next_token)
     assert chi_square_pvalue(torch.bincount(first, minlength=vocab).numpy(), target[0].numpy()) > 1e-3
@@ -218,10 +219,10 @@ def test_verify_dispatches_per_row_in_a_mixed_batch():
                 SamplingConfig(0.0, repetition_penalty=1.0), SamplingConfig(1.3)]
     sample = torch.rand(batch, k + 1, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
     accept = torch.rand(batch, k, 1, generator=torch.Generator().manual_seed(23), dtype=torch.float64)
-    together = verify(drafts.unsqueeze(1), lengths, logits, sampling, accept_uniforms=accept, sample_uniforms=sample)
+    together = verify(Candidates(drafts.unsqueeze(1), lengths), logits, sampling, noise=Noise(sample, accept))
     for b in range(batch):
-        alone = verify(drafts[b:b + 1].unsqueeze(1), lengths[b:b + 1], logits[b:b + 1], [sampling[b]],
-                       accept_uniforms=accept[b:b + 1], sample_uniforms=sample[b:b + 1])
+        alone = verify(Candidates(drafts[b:b + 1].unsqueeze(1), lengths[b:b + 1]), logits[b:b + 1], [sampling[b]],
+                       noise=Noise(sample[b:b + 1], accept[b:b + 1]))
         assert torch.equal(alone.path, together.path[b:b + 1]), b
         assert int(alone.next_token) == int(together.next_token[b]), b
     greedy = verify_greedy(drafts[:2], logits[:2].argmax(-1))

@@ -9,11 +9,12 @@ import torch
 from stats_helpers import chi_square_pvalue, lossless_pvalue
 from tiny_models import peaked, tiny_llama
 
-from genspec.acceptance import is_lossless, keep_probabilities, resampling_law, typical_threshold, verify_chain
+from genspec.acceptance import Rule, keep_probabilities, resampling_law, typical_threshold, verify_chain
 from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
 from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
+from genspec.randomness import Noise
 from genspec.sampling import SamplingConfig, process_logits
 from genspec.theory import pareto
 
@@ -23,11 +24,11 @@ PROMPT = [3, 5, 7]
 
 # ------------------------------------------------------------------------------ honesty
 def test_only_the_standard_rule_is_lossless():
-    assert is_lossless("overaccept", 0.0, "opt")
-    assert not is_lossless("overaccept", 0.0, "uno")  # UNO resamples from q: biased even at eps 0
-    assert not is_lossless("overaccept", 0.1, "opt")
-    assert not is_lossless("typical", 0.0, "opt")
-    assert not is_lossless("overaccept", torch.tensor([0.0, 0.2]), "opt")
+    assert Rule("overaccept", 0.0, "opt").lossless
+    assert not Rule("overaccept", 0.0, "uno").lossless  # UNO resamples from q: biased even at eps 0
+    assert not Rule("overaccept", 0.1, "opt").lossless
+    assert not Rule("typical", 0.0, "opt").lossless
+    assert not Rule("overaccept", torch.tensor([0.0, 0.2]), "opt").lossless
     config = GenerationConfig(temperature=1.0, residual="uno")
     assert not config.lossless
     assert config.acceptance == {"rule": "overaccept", "epsilon": 0.0, "delta": None, "residual": "uno",
@@ -86,7 +87,7 @@ def test_typical_keep_rule_is_medusas_formula():
         entropy = -(target * np.log(target)).sum(-1)
         threshold = np.minimum(eps, delta * np.exp(-entropy))
         expected = (target > threshold[:, None]).astype(float)
-        got = keep_probabilities(torch.from_numpy(target), torch.from_numpy(draft), "typical", eps, delta).numpy()
+        got = keep_probabilities(torch.from_numpy(target), torch.from_numpy(draft), Rule("typical", eps, delta=delta)).numpy()
         np.testing.assert_array_equal(got, expected)
         np.testing.assert_allclose(typical_threshold(torch.from_numpy(target), eps, delta).numpy(), threshold,
                                    rtol=1e-12)
@@ -105,12 +106,13 @@ def test_verify_chain_samples_the_rules_predicted_law(rule, epsilon, residual):
     n = 20_000
     generator = torch.Generator().manual_seed(7)
     tokens = torch.multinomial(draft, n, replacement=True, generator=generator).unsqueeze(1)
-    verdict = verify_chain(tokens, torch.stack([target, target]).expand(n, 2, 10), draft.expand(n, 1, 10),
-                           epsilon=epsilon, residual=residual, rule=rule, delta=0.3, generator=generator)
+    rule = Rule(rule, epsilon, residual, 0.3)
+    verdict = verify_chain(tokens, torch.stack([target, target]).expand(n, 2, 10), draft.expand(n, 1, 10), rule=rule,
+                           noise=Noise(generator=generator))
     emitted = torch.where(verdict.accepted_length > 0, tokens[:, 0], verdict.next_token)
     counts = np.bincount(emitted.numpy(), minlength=10)
-    keep = keep_probabilities(target, draft, rule, epsilon, 0.3)
-    predicted = pareto.output_law(draft, keep, resampling_law(target, draft, rule, residual, epsilon, 0.3)).numpy()
+    keep = keep_probabilities(target, draft, rule)
+    predicted = pareto.output_law(draft, keep, resampling_law(target, draft, rule)).numpy()
     assert chi_square_pvalue(counts, predicted) > 1e-3
     assert chi_square_pvalue(counts, target.numpy()) < 1e-3
 
@@ -168,7 +170,7 @@ def test_measured_bias_is_the_rules_exact_law_at_the_judged_position(rule, epsil
                                   temperature=0.7, top_k=8, top_p=0.9, seed=5, eos_token_ids=(), rule=rule,
                                   epsilon=epsilon, residual=residual, measure_bias=True)
     p, q = _first_position_laws(target_model, draft_model)
-    exact = pareto.rule_statistics(p, q, rule, residual, epsilon, 0.3)
+    exact = pareto.rule_statistics(p, q, Rule(rule, epsilon, residual, 0.3))
     bias = results[0].stats.as_dict()["bias"]
     assert bias["judged_positions"] == 1
     for key, field in (("rejection_rate", "rejection"), ("bias_tv", "bias"), ("tv", "tv"),

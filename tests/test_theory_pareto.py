@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stats_helpers import chi_square_pvalue
 
-from genspec.acceptance import acceptance_probability, residual_distribution
+from genspec.acceptance import Rule, acceptance_probability, residual_distribution
 from genspec.errors import ConfigError
 from genspec.theory import pareto
 from genspec.theory.exact import total_variation
@@ -169,16 +169,16 @@ def test_uno_bias_is_at_least_opts_on_random_pairs(pair, epsilon, delta):
     over-acceptance R + Loss* = TV and the tensor path equals the NumPy ParetoPoint."""
     draft, target = (torch.from_numpy(np.asarray(x, dtype=np.float64)) for x in pair)
     for rule in ("overaccept", "typical"):
-        opt = pareto.rule_statistics(draft, target, rule, "opt", epsilon, delta)
-        uno = pareto.rule_statistics(draft, target, rule, "uno", epsilon, delta)
+        opt = pareto.rule_statistics(draft, target, Rule(rule, epsilon, "opt", delta))
+        uno = pareto.rule_statistics(draft, target, Rule(rule, epsilon, "uno", delta))
         assert float(uno.bias) >= float(opt.bias) - 1e-12
         assert float(opt.bias) == pytest.approx(float(opt.loss_star), abs=1e-12)
         assert float(opt.pareto_bias) <= float(opt.bias) + 1e-12
         assert float(uno.rejection) == pytest.approx(float(opt.rejection), abs=1e-15)
-    over = pareto.rule_statistics(draft, target, "overaccept", "opt", epsilon)
+    over = pareto.rule_statistics(draft, target, Rule("overaccept", epsilon, "opt"))
     assert float(over.rejection + over.loss_star) == pytest.approx(float(over.tv), abs=1e-12)
     point = pareto.over_acceptance_point(*pair, epsilon)
-    uno = pareto.rule_statistics(draft, target, "overaccept", "uno", epsilon)
+    uno = pareto.rule_statistics(draft, target, Rule("overaccept", epsilon, "uno"))
     assert (point.rejection, point.loss_star, point.opt_bias, point.uno_bias) == pytest.approx(
         (float(over.rejection), float(over.loss_star), float(over.bias), float(uno.bias)), abs=1e-12)
 
@@ -196,7 +196,8 @@ def test_measured_bias_on_a_markov_chain_pair_matches_the_exact_expectation(rule
 
     chain = random_chain(5, 8, 3)
     n = 20_000
-    simulation = simulate(chain, n, epsilon=epsilon, residual=residual, rule=rule, delta=0.3, seed=4)
+    rule = Rule(rule, epsilon, residual, 0.3)
+    simulation = simulate(chain, n, rule=rule, seed=4)
     per_run = np.zeros((n, 2))  # measured bias and R, summed over positions
     for position in range(chain.horizon):
         states = torch.from_numpy(simulation.sequences[:, position])
@@ -204,9 +205,9 @@ def test_measured_bias_on_a_markov_chain_pair_matches_the_exact_expectation(rule
         target = torch.from_numpy(np.array(chain.target[position]))[states].unsqueeze(1).expand(n, 2, -1)
         measured = pareto.chain_step_statistics(torch.zeros(n, 1, dtype=torch.long), draft, target,
                                                 torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.long),
-                                                rule, residual, epsilon, 0.3)
+                                                rule)
         per_run += torch.stack([measured.bias, measured.rejection], 1).numpy()
-    exact = pareto.chain_statistics(chain, rule, residual, epsilon, 0.3).means()
+    exact = pareto.chain_statistics(chain, rule).means()
     assert exact["judged_positions"] == chain.horizon
     for values, expected in ((per_run[:, 0] / chain.horizon, exact["bias_tv"]),
                              (per_run[:, 1] / chain.horizon, exact["rejection_rate"]),

@@ -10,8 +10,9 @@ import pytest
 import torch
 from stats_helpers import chi_square_pvalue
 
-from genspec.acceptance import acceptance_probability, residual_distribution, verify_multidraft
+from genspec.acceptance import Rule, acceptance_probability, residual_distribution, verify_multidraft
 from genspec.errors import ConfigError
+from genspec.randomness import Noise
 from genspec.theory import exact
 from genspec.theory.chains import ChainPair, random_chain
 from genspec.theory.simulate import sample_rejection_rule, simulate
@@ -118,7 +119,7 @@ def test_theorem2_over_acceptance_on_one_token_is_biased_on_a_chain():
     chain = random_chain(2, 2, 4)
     lossless = simulate(chain, N_CHI_SQUARE, 1, seed=5)
     assert chi_square_pvalue(joint_x1_x2_counts(lossless.sequences, 2), chain.target_joint_first_two()) > P_THRESHOLD
-    biased = simulate(chain, N_CHI_SQUARE, 1, seed=5, epsilon=0.1, residual="opt")
+    biased = simulate(chain, N_CHI_SQUARE, 1, seed=5, rule=Rule(epsilon=0.1, residual="opt"))
     assert chi_square_pvalue(joint_x1_x2_counts(biased.sequences, 2), chain.target_joint_first_two()) < P_THRESHOLD
     assert biased.mean < lossless.mean  # fewer rejections: that is what the bias buys
 
@@ -153,7 +154,7 @@ def test_shared_verifier_matches_the_exact_stage_law():
     draft_rows = torch.from_numpy(draft).expand(N_CHI_SQUARE, -1)
     candidates = torch.multinomial(draft_rows, stages_count, replacement=True, generator=generator)
     verdict = verify_multidraft(candidates, torch.from_numpy(target).expand(N_CHI_SQUARE, -1), draft_rows,
-                                generator=generator)
+                                noise=Noise(generator=generator))
     stage = np.where(verdict.accepted_index.numpy() < 0, stages_count, verdict.accepted_index.numpy())
     counts = np.zeros((stages_count + 1, vocab))
     np.add.at(counts, (stage, verdict.token.numpy()), 1)

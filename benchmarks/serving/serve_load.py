@@ -78,7 +78,7 @@ def gguf_model(args) -> Path:
     """The GGUF file both servers run: ``--model`` if it is one, else the embedded model's."""
     if args.model and args.model.endswith(".gguf"):
         return Path(args.model)
-    from genspec.models.default import default_gguf_path
+    from genspec.embedded import default_gguf_path
 
     return default_gguf_path()
 

@@ -3,18 +3,14 @@
 Shared by the engine (real models), the draft-model drafter (hierarchical levels) and the theory
 simulators (Markov chains), so that the one implementation that is checked against the theory is the
 one that generates text. Convention: ``draft_probs`` = speculator (p in the theory), ``target_probs``
-= large model (q).
+= large model (q). The rule itself is one value, :class:`Rule`.
 """
+from genspec.acceptance.rule import BIAS_RULES, RESIDUALS, RULES, STANDARD, Residual, Rule, RuleKind  # noqa: F401
 from genspec.acceptance.rules import (  # noqa: F401
-    RESIDUALS,
-    BIAS_RULES,
-    RULES,
     ChainVerdict,
     MultiDraftVerdict,
     acceptance_probability,
     coupled_tokens,
-    check_rule,
-    is_lossless,
     keep_probabilities,
     resampling_law,
     residual_distribution,
@@ -24,4 +20,4 @@ from genspec.acceptance.rules import (  # noqa: F401
     verify_greedy,
     verify_multidraft,
 )
-from genspec.acceptance.verify import Verdict, verify, verify_tree  # noqa: F401
+from genspec.acceptance.verify import Candidates, Verdict, verify, verify_tree  # noqa: F401

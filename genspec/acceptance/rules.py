@@ -22,17 +22,17 @@ Rules (docs/theory.md; p = draft, q = target):
   draft, 0.236 against 0.248 for its first 12 layers (`python benchmarks/acceptance/coupled_acceptance.py`); the
   inverse-CDF coupling with one uniform kept only 0.559 and 0.187 (vocabulary order scatters the mass).
 
-Over-acceptance at eps = 0 with the OPT residual and the coupled rule are lossless (:func:`is_lossless`):
+Over-acceptance at eps = 0 with the OPT residual and the coupled rule are lossless (:attr:`Rule.lossless`):
 UNO at eps = 0 keeps min{1, q/p} but resamples from q, which is biased (docs/theory.md, Decoding-UNO).
 - greedy: keep draft tokens while they equal the target's argmax.
 - multi-draft (Algorithm 4's recursive residual verifier): try M candidates in turn against a
   residual that shrinks after every rejection; the output is still exactly q.
 
-Randomness is explicit: every function takes ``accept_uniforms`` (for the keep tests) and
-``sample_uniforms`` (one per emitted position, for residual and bonus draws), or draws them from a
-``generator``. Draws use the inverse CDF, so the token emitted at a position is a function of that
-position's uniform: the engine gives every request its own stream of uniforms, indexed by position,
-and a seeded request then produces the same tokens whatever shares its batch.
+Randomness is explicit: every function takes a :class:`~genspec.randomness.Noise`, its ``accept``
+uniforms (for the keep tests) and ``sample`` uniforms (one per emitted position, for residual and bonus
+draws), or draws them from its ``generator``. Draws use the inverse CDF, so the token emitted at a
+position is a function of that position's uniform: the engine gives every request its own stream of
+uniforms, indexed by position, and a seeded request then produces the same tokens whatever shares its batch.
 
 A deterministic draft (prompt lookup, retrieval, ...) passes ``draft_probs=None``: its law is the point
 mass on the proposed token. For it the standard rule is carried out as the equivalent coupling
@@ -47,11 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
-from genspec.errors import ConfigError
-
-RESIDUALS = ("opt", "uno")
-RULES = ("overaccept", "typical", "coupled")
-BIAS_RULES = ("overaccept", "typical")  # the rules whose bias and rejection have closed forms (theory.pareto)
+from genspec.acceptance.rule import STANDARD, Rule, RuleKind
+from genspec.randomness import Noise
 
 
 @dataclass
@@ -91,31 +88,6 @@ def acceptance_probability(target_prob_of_draft: torch.Tensor, draft_prob_of_dra
     return ratio.clamp(max=1.0)
 
 
-def is_lossless(rule: str = "overaccept", epsilon=0.0, residual: str = "opt") -> bool:
-    """True only for the standard rule (over-acceptance with eps = 0, every row if a tensor, and the
-    OPT residual) and the coupled rule (which has no eps or residual). Every other setting (UNO at
-    eps = 0 included) changes the output law."""
-    if rule == "coupled":
-        return True
-    return rule == "overaccept" and residual == "opt" and _is_zero(epsilon)
-
-
-def check_rule(rule: str, residual: str, epsilon=0.0, delta=0.0) -> None:
-    """A :class:`genspec.errors.ConfigError` for an unknown rule or residual or a negative or non-finite parameter."""
-    if rule not in RULES:
-        raise ConfigError(f"unknown acceptance rule {rule!r}; choose from {', '.join(RULES)}")
-    if residual not in RESIDUALS:
-        raise ConfigError(f"unknown residual {residual!r}; choose from {', '.join(RESIDUALS)}")
-    for name, value in (("epsilon", epsilon), ("delta", delta)):
-        values = torch.as_tensor(value, dtype=torch.float64)
-        if not bool(torch.isfinite(values).all()):
-            raise ConfigError(f"{name} must be a finite number, got {value}")
-        if not bool((values >= 0).all()):
-            raise ConfigError(f"{name} must be >= 0, got {value}")
-    if rule == "coupled" and not _is_zero(epsilon):
-        raise ConfigError(f"the coupled rule is lossless and takes no epsilon, got {epsilon}")
-
-
 def typical_threshold(target_probs: torch.Tensor, epsilon=0.09, delta=0.3) -> torch.Tensor:
     """Medusa's typical-acceptance threshold min(eps, delta * exp(-H(q))) of each law ``[..., V] -> [...]``
     (H in nats, 0 log 0 = 0); ``epsilon`` and ``delta`` are numbers or tensors broadcasting against
@@ -126,40 +98,39 @@ def typical_threshold(target_probs: torch.Tensor, epsilon=0.09, delta=0.3) -> to
     return torch.minimum(epsilon, delta * torch.exp(-entropy))
 
 
-def keep_probabilities(target_probs: torch.Tensor, draft_probs: torch.Tensor, rule: str = "overaccept",
-                       epsilon=0.0, delta=0.0) -> torch.Tensor:
+def keep_probabilities(target_probs: torch.Tensor, draft_probs: torch.Tensor, rule: Rule = STANDARD) -> torch.Tensor:
     """b(x) for every token x: the probability that the rule keeps x if it was drafted, ``[..., V]``.
 
     "overaccept": min{1, (q + eps)/p} (:func:`acceptance_probability`); "typical": 1 where
-    q > :func:`typical_threshold`, else 0. ``epsilon`` / ``delta``: numbers or tensors broadcasting
-    against ``target_probs.shape[:-1]`` (one value per law)."""
-    if rule == "typical":
-        return (target_probs > typical_threshold(target_probs, epsilon, delta).unsqueeze(-1)).to(target_probs.dtype)
-    if rule != "overaccept":
-        raise ValueError(f"unknown acceptance rule {rule!r}; choose from {RULES}")
-    epsilon = epsilon.unsqueeze(-1) if isinstance(epsilon, torch.Tensor) else epsilon
+    q > :func:`typical_threshold`, else 0. The rule's ``epsilon`` / ``delta``: numbers or tensors
+    broadcasting against ``target_probs.shape[:-1]`` (one value per law)."""
+    if rule.kind is RuleKind.TYPICAL:
+        threshold = typical_threshold(target_probs, rule.epsilon, rule.delta)
+        return (target_probs > threshold.unsqueeze(-1)).to(target_probs.dtype)
+    if rule.kind is not RuleKind.OVERACCEPT:
+        raise ValueError(f"the {rule.kind} rule has no keep probability")
+    epsilon = rule.epsilon.unsqueeze(-1) if isinstance(rule.epsilon, torch.Tensor) else rule.epsilon
     return acceptance_probability(target_probs, draft_probs, epsilon)
 
 
 def _keep_of_draft(target_of_draft: torch.Tensor, draft_of_draft: torch.Tensor, target_probs: torch.Tensor,
-                   rule: str, epsilon, delta) -> torch.Tensor:
+                   rule: Rule) -> torch.Tensor:
     """b(y) of the drafted tokens only (``[...]``; ``target_probs`` ``[..., V]`` is the law they are
     judged against, needed by "typical" for its entropy): the same rule as :func:`keep_probabilities`
     without building b over the whole vocabulary."""
-    if rule == "typical":
-        return (target_of_draft > typical_threshold(target_probs, epsilon, delta)).to(target_of_draft.dtype)
-    return acceptance_probability(target_of_draft, draft_of_draft, epsilon)
+    if rule.kind is RuleKind.TYPICAL:
+        return (target_of_draft > typical_threshold(target_probs, rule.epsilon, rule.delta)).to(target_of_draft.dtype)
+    return acceptance_probability(target_of_draft, draft_of_draft, rule.epsilon)
 
 
-def resampling_law(target_probs: torch.Tensor, draft_probs: torch.Tensor, rule: str = "overaccept",
-                   residual: str = "opt", epsilon=0.0, delta=0.0) -> torch.Tensor:
+def resampling_law(target_probs: torch.Tensor, draft_probs: torch.Tensor, rule: Rule = STANDARD) -> torch.Tensor:
     """The law a rule draws from after rejecting a token drafted from ``draft_probs`` ``[..., V]``
-    (``epsilon`` / ``delta`` as in :func:`keep_probabilities`): :func:`residual_distribution` with the
-    rule's own b where the OPT law needs it (typical acceptance)."""
+    (the rule's ``epsilon`` / ``delta`` as in :func:`keep_probabilities`): :func:`residual_distribution`
+    with the rule's own b where the OPT law needs it (typical acceptance)."""
     keep = None
-    if rule == "typical" and residual == "opt":
-        keep = keep_probabilities(target_probs, draft_probs, rule, epsilon, delta)
-    return residual_distribution(target_probs, draft_probs, residual, keep)
+    if rule.kind is RuleKind.TYPICAL and rule.residual == "opt":
+        keep = keep_probabilities(target_probs, draft_probs, rule)
+    return residual_distribution(target_probs, draft_probs, rule.residual, keep)
 
 
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor,
@@ -175,7 +146,7 @@ def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     if residual == "uno":
         return target_probs
     if residual != "opt":
-        raise ValueError(f"unknown residual {residual!r}; choose from {RESIDUALS}")
+        raise ValueError(f"unknown residual {residual!r}; choose from opt, uno")
     kept = draft_probs if keep_probs is None else keep_probs * draft_probs
     positive = (target_probs - kept).clamp(min=0)
     total = positive.sum(-1, keepdim=True)
@@ -217,16 +188,9 @@ def _point_mass(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like).scatter_(-1, tokens.unsqueeze(-1), 1.0)
 
 
-def _is_zero(epsilon) -> bool:
-    return bool((torch.as_tensor(epsilon) == 0).all())
-
-
-def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
-                 draft_probs: torch.Tensor | None = None, draft_lengths: torch.Tensor | None = None,
-                 epsilon=0.0, residual: str = "opt", generator: torch.Generator | None = None,
-                 accept_uniforms: torch.Tensor | None = None,
-                 sample_uniforms: torch.Tensor | None = None, rule: str = "overaccept",
-                 delta=0.0) -> ChainVerdict:
+def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor | None = None,
+                 draft_lengths: torch.Tensor | None = None, rule: Rule = STANDARD,
+                 noise: Noise | None = None) -> ChainVerdict:
     """Verify a chain of drafts per row with the standard (or relaxed) rule.
 
     Args:
@@ -236,11 +200,10 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
         draft_probs: ``[B, k, V]`` the draft's law at each position, or None for deterministic drafts.
         draft_lengths: ``[B]`` valid drafts per row (defaults to k); positions beyond are ignored and
             the token at the first ignored position is drawn from q, like a bonus token.
-        rule: "overaccept" (eps = 0 with residual "opt": the lossless standard rule) or "typical".
-        epsilon: over-acceptance, or typical acceptance's cap (a number or ``[B]``); delta: typical
-            acceptance's entropy factor (a number or ``[B]``). residual: "opt" or "uno".
-        accept_uniforms ``[B, k]``, sample_uniforms ``[B, k + 1]``: the randomness (else drawn from
-            ``generator``).
+        rule: "overaccept" (eps = 0 with residual "opt": the lossless standard rule) or "typical", its
+            epsilon and delta numbers or ``[B]`` (:meth:`Rule.batch`).
+        noise: ``accept`` ``[B, k, 1]``, ``sample`` ``[B, k + 1]`` (:class:`~genspec.randomness.Noise`; what
+            it lacks is drawn from its ``generator``).
     """
     batch, k = draft_tokens.shape
     device = draft_tokens.device
@@ -248,12 +211,11 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
     if draft_lengths is None:
         draft_lengths = torch.full((batch,), k, dtype=torch.long, device=device)
     valid = torch.arange(k, device=device) < draft_lengths.unsqueeze(1)  # [B, k]
-    row_epsilon, row_delta = epsilon, delta  # per row [B], for the residual's law
-    epsilon = epsilon.unsqueeze(1) if isinstance(epsilon, torch.Tensor) else epsilon
-    delta = delta.unsqueeze(1) if isinstance(delta, torch.Tensor) else delta
-    sample_uniforms = _uniforms((batch, k + 1), target_probs, sample_uniforms, generator)
+    noise = noise or Noise()
+    row_rule, rule = rule, rule.per_row(lambda values: values.unsqueeze(1))  # per row [B] (the residual's law), [B, 1]
+    sample_uniforms = _uniforms((batch, k + 1), target_probs, noise.sample, noise.generator)
 
-    if draft_probs is None and is_lossless(rule, epsilon, residual):  # point masses: the coupling (module docstring)
+    if draft_probs is None and rule.lossless:  # point masses: the coupling (module docstring)
         drawn = sample_with_uniforms(target_probs, sample_uniforms)  # [B, k + 1]
         kept = (drawn[:, :k] == draft_tokens) & valid
         accepted_length = kept.long().cumprod(-1).sum(-1)
@@ -264,8 +226,9 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
         draft_of_draft = torch.ones_like(target_of_draft)
     else:
         draft_of_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    keep_prob = _keep_of_draft(target_of_draft, draft_of_draft, target_probs[:, :k], rule, epsilon, delta)
-    accept_uniforms = _uniforms((batch, k), keep_prob, accept_uniforms, generator)
+    keep_prob = _keep_of_draft(target_of_draft, draft_of_draft, target_probs[:, :k], rule)
+    accept_uniforms = _uniforms((batch, k), keep_prob, None if noise.accept is None else noise.accept[:, :, 0],
+                                noise.generator)
     kept = (accept_uniforms.to(keep_prob.dtype) < keep_prob) & valid
     accepted_length = kept.long().cumprod(-1).sum(-1)
 
@@ -281,7 +244,7 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
         draft_row = draft_probs[rows, at]
     draft_row = draft_row * rejected_a_draft.unsqueeze(-1).to(draft_row.dtype)
     resample_law = torch.where(rejected_a_draft.unsqueeze(-1),
-                               resampling_law(target_row, draft_row, rule, residual, row_epsilon, row_delta),
+                               resampling_law(target_row, draft_row, row_rule),
                                target_row)
     return ChainVerdict(accepted_length, sample_with_uniforms(resample_law, sample_uniforms[rows, accepted_length]))
 
@@ -302,11 +265,8 @@ def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor,
 
 
 def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor,
-                      draft_probs: torch.Tensor | None = None, num_candidates: torch.Tensor | None = None,
-                      epsilon=0.0, residual: str = "opt", generator: torch.Generator | None = None,
-                      candidate_mask: torch.Tensor | None = None, accept_uniforms: torch.Tensor | None = None,
-                      sample_uniforms: torch.Tensor | None = None, rule: str = "overaccept",
-                      delta=0.0) -> MultiDraftVerdict:
+                      draft_probs: torch.Tensor | None = None, candidate_mask: torch.Tensor | None = None,
+                      rule: Rule = STANDARD, noise: Noise | None = None) -> MultiDraftVerdict:
     """Recursive residual verification of M candidates for one position (docs/theory.md, Algorithm 4).
 
     Stage j keeps candidate j with probability min{1, q^j(y_j) / p_j(y_j)}; after a rejection
@@ -319,29 +279,26 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
         target_probs: ``[B, V]`` the target's law at this position.
         draft_probs: ``[B, V]`` (all candidates from one law), ``[B, M, V]`` (one law each), or None
             (deterministic candidates: point masses).
-        num_candidates: ``[B]`` how many of the M columns are real per row (default M), or
-        candidate_mask: ``[B, M]`` which columns are real (they are tried in column order).
-        accept_uniforms ``[B, M]``, sample_uniforms ``[B]``: the randomness (else from ``generator``).
-        rule, epsilon (``[B]`` or a number), delta, residual: as in :func:`verify_chain`. The lossy rules
-        run the same stages: "overaccept" judges candidate j against q^j; "typical" judges every
+        candidate_mask: ``[B, M]`` which columns are real (default all; they are tried in column order).
+        noise: ``accept`` ``[B, M]``, ``sample`` ``[B]`` (what it lacks is drawn from its ``generator``).
+        rule: as in :func:`verify_chain`. The lossy rules run the same stages: "overaccept" judges candidate j against q^j; "typical" judges every
         candidate against q itself (Medusa's test of a tree's candidates), its "opt" residual removing
         b p after each rejection (Theorem 4's law, stage by stage).
     """
     batch, num_cols = candidate_tokens.shape
     device = candidate_tokens.device
     if candidate_mask is None:
-        if num_candidates is None:
-            num_candidates = torch.full((batch,), num_cols, dtype=torch.long, device=device)
-        candidate_mask = torch.arange(num_cols, device=device) < num_candidates.unsqueeze(1)
-    epsilon = epsilon if not isinstance(epsilon, torch.Tensor) else epsilon.to(target_probs.dtype)
-    sample_uniforms = _uniforms((batch,), target_probs, sample_uniforms, generator)
-    if draft_probs is None and is_lossless(rule, epsilon, residual):  # point masses: the coupling (module docstring)
+        candidate_mask = torch.ones(batch, num_cols, dtype=torch.bool, device=device)
+    noise = noise or Noise()
+    rule = rule.per_row(lambda values: values.to(target_probs.dtype), names=("epsilon",))
+    sample_uniforms = _uniforms((batch,), target_probs, noise.sample, noise.generator)
+    if draft_probs is None and rule.lossless:  # point masses: the coupling (module docstring)
         token = sample_with_uniforms(target_probs, sample_uniforms)
         hits = candidate_mask & (candidate_tokens == token.unsqueeze(1))
         first = hits.to(torch.uint8).argmax(1)
         return MultiDraftVerdict(torch.where(hits.any(1), first, torch.full_like(first, -1)), token)
 
-    accept_uniforms = _uniforms((batch, num_cols), target_probs, accept_uniforms, generator)
+    accept_uniforms = _uniforms((batch, num_cols), target_probs, noise.accept, noise.generator)
     law = target_probs
     accepted_index = torch.full((batch,), -1, dtype=torch.long, device=device)
     token = torch.zeros(batch, dtype=torch.long, device=device)
@@ -355,19 +312,19 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
             stage_draft = _point_mass(candidate, law)
         else:
             stage_draft = draft_probs if draft_probs.dim() == 2 else draft_probs[:, j]
-        judged_law = target_probs if rule == "typical" else law
+        judged_law = target_probs if rule.kind is RuleKind.TYPICAL else law
         target_of_candidate = judged_law.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
         draft_of_candidate = stage_draft.gather(-1, candidate.unsqueeze(-1)).squeeze(-1)
-        keep_prob = _keep_of_draft(target_of_candidate, draft_of_candidate, judged_law, rule, epsilon, delta)
+        keep_prob = _keep_of_draft(target_of_candidate, draft_of_candidate, judged_law, rule)
         kept = live & (accept_uniforms[:, j].to(keep_prob.dtype) < keep_prob)
         accepted_index = torch.where(kept, torch.full_like(accepted_index, j), accepted_index)
         token = torch.where(kept, candidate, token)
         open_rows &= ~kept
         rejected = live & ~kept
         keep_all = None
-        if rule == "typical" and residual == "opt":
-            keep_all = keep_probabilities(target_probs, stage_draft, rule, epsilon, delta)
-        law = torch.where(rejected.unsqueeze(-1), residual_distribution(law, stage_draft, residual, keep_all), law)
+        if rule.kind is RuleKind.TYPICAL and rule.residual == "opt":
+            keep_all = keep_probabilities(target_probs, stage_draft, rule)
+        law = torch.where(rejected.unsqueeze(-1), residual_distribution(law, stage_draft, rule.residual, keep_all), law)
     if bool(open_rows.any()):  # draw only for the rows that rejected every candidate
         token = torch.where(open_rows, sample_with_uniforms(law, sample_uniforms), token)
     return MultiDraftVerdict(accepted_index, token)

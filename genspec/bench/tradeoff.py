@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from genspec.acceptance import BIAS_RULES, RESIDUALS, check_rule
+from genspec.acceptance import BIAS_RULES, RESIDUALS, Rule, RuleKind
 from genspec.bench.prompts import BenchPrompt, load_spec_bench
 from genspec.bench.winrate import Response, Scorer, win_rate
 from genspec.engine import GenerationConfig, RequestResult, SpeculativeEngine
@@ -39,17 +39,27 @@ PROMPT_SLOTS = range(2, 5)
 
 @dataclass(frozen=True)
 class Setting:
-    """One acceptance rule setting; ``delta`` only for "typical"."""
+    """One acceptance rule of the grid (its ``delta`` only counts, and is only shown, for "typical")."""
 
-    rule: str
-    epsilon: float
-    residual: str
-    delta: float | None = None
+    rule: Rule
+
+    @property
+    def epsilon(self) -> float:
+        return self.rule.epsilon
+
+    @property
+    def residual(self) -> str:
+        return self.rule.residual.value
+
+    @property
+    def delta(self) -> float | None:
+        return self.rule.delta if self.rule.kind is RuleKind.TYPICAL else None
 
     @property
     def rule_name(self) -> str:
         """The rule as the JSON's ``rule`` value: "overaccept", or "typical:delta=D" (genspec's NAME:KEY=VALUE)."""
-        return self.rule if self.delta is None else f"{self.rule}:delta={self.delta:g}"
+        kind = self.rule.kind.value
+        return kind if self.delta is None else f"{kind}:delta={self.delta:g}"
 
     @property
     def label(self) -> str:
@@ -58,11 +68,10 @@ class Setting:
     @property
     def pair_key(self) -> tuple:
         """Settings that differ only in their residual are compared by WinRate."""
-        return self.rule, self.epsilon, self.delta
+        return self.rule.kind, self.epsilon, self.delta
 
     def config(self, base: GenerationConfig) -> GenerationConfig:
-        return replace(base, rule=self.rule, epsilon=self.epsilon, residual=self.residual,
-                       delta=0.3 if self.delta is None else self.delta, measure_bias=True)
+        return replace(base, acceptance_rule=self.rule, auto_rule=False, measure_bias=True)
 
 
 def settings_grid(rules, epsilons, residuals, deltas, typical_epsilons=None) -> list[Setting]:
@@ -83,8 +92,7 @@ def settings_grid(rules, epsilons, residuals, deltas, typical_epsilons=None) -> 
         for eps in (typical_epsilons if rule == "typical" and typical_epsilons else epsilons):
             for delta in (deltas if rule == "typical" else [None]):
                 for residual in residuals:
-                    check_rule(rule, residual, eps, 0.0 if delta is None else delta)
-                    grid.append(Setting(rule, float(eps), residual, None if delta is None else float(delta)))
+                    grid.append(Setting(Rule(rule, eps, residual, *([] if delta is None else [delta]))))
     if len(set(grid)) != len(grid):
         raise ConfigError("a setting appears twice (repeated values in --eps, --delta or --residual)")
     return grid

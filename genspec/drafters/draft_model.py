@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from genspec.acceptance import verify
+from genspec.acceptance import Candidates, verify
 from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext, draw_tokens, ragged_tokens, request_uniforms
 from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM, PrefixKV
 from genspec.models.hf import HFCausalLM
+from genspec.randomness import Noise
 from genspec.sampling import apply_repetition_penalty, block_seen_mask, process_logits, seen_mask
 
 
@@ -196,11 +197,11 @@ class DraftModelDrafter(Drafter):
             width = block.shape[1] - 1
             coupled, race = self._coupling(contexts, current, drawing, width, block_logits.shape[-1])
             standard = [on and not c for on, c in zip(drawing, coupled.tolist())]
-            verdict = verify(block[:, 1:].unsqueeze(1), valid[:, 1:].sum(1, keepdim=True), block_logits, sampling,
-                             draft_probs=None if inner.probs is None else inner.probs[:, :, :width], seen=seen,
-                             accept_uniforms=request_uniforms(contexts, width, standard).unsqueeze(-1),
-                             sample_uniforms=request_uniforms(contexts, width + 1, standard),
-                             coupled=coupled, race=race)
+            drafted = Candidates(block[:, 1:].unsqueeze(1), valid[:, 1:].sum(1, keepdim=True),
+                                 probs=None if inner.probs is None else inner.probs[:, :, :width])
+            noise = Noise(request_uniforms(contexts, width + 1, standard),
+                          request_uniforms(contexts, width, standard).unsqueeze(-1), coupled, race)
+            verdict = verify(drafted, block_logits, sampling, noise=noise, seen=seen)
             accepted = verdict.accepted_length
             self.model.keep_block(torch.where(valid[:, :1], verdict.path, torch.full_like(verdict.path, -1)))
             laws = None if greedy else process_logits(block_logits, sampling, seen)  # [R, n, V]

@@ -21,6 +21,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from genspec.acceptance import STANDARD
+from genspec.acceptance import Rule as AcceptanceRule
 from genspec.acceptance import keep_probabilities, residual_distribution
 from genspec.errors import ConfigError
 from genspec.theory.chains import ChainPair
@@ -60,7 +62,7 @@ class RuleOutcome:
 
 
 def _standard(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return keep_probabilities(target, draft, "overaccept", 0.0)
+    return keep_probabilities(target, draft, STANDARD)
 
 
 def comparison_rules(factors=DEFAULT_FACTORS, powers=DEFAULT_POWERS, epsilon: float = DEFAULT_EPSILON) -> list[Rule]:
@@ -79,7 +81,7 @@ def comparison_rules(factors=DEFAULT_FACTORS, powers=DEFAULT_POWERS, epsilon: fl
     rules += [Rule(f"power {g:g}", f"b = min{{1, q/p}}^{g:g}", lambda d, t, g=g: _standard(d, t) ** g) for g in powers]
     if epsilon > 0:
         rules.append(Rule(f"overaccept {epsilon:g}", f"b = min{{1, (q + {epsilon:g})/p}} (above the bound)",
-                          lambda d, t: keep_probabilities(t, d, "overaccept", epsilon)))
+                          lambda d, t: keep_probabilities(t, d, AcceptanceRule(epsilon=epsilon))))
     return rules
 
 

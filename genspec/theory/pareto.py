@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import torch
 
-from genspec.acceptance import keep_probabilities, resampling_law, residual_distribution
+from genspec.acceptance import STANDARD, Rule, keep_probabilities, resampling_law, residual_distribution
 from genspec.errors import ConfigError
 from genspec.theory.exact import keep_probability, residual_law, total_variation
 
@@ -164,24 +164,23 @@ def step_statistics(draft_probs, target_probs, keep_probs, resample_probs) -> St
                           pareto_bias=front_bias(tv, rejection))
 
 
-def rule_statistics(draft_probs: torch.Tensor, target_probs: torch.Tensor, rule: str = "overaccept",
-                    residual: str = "opt", epsilon=0.0, delta=0.0) -> StepStatistics:
+def rule_statistics(draft_probs: torch.Tensor, target_probs: torch.Tensor, rule: Rule = STANDARD) -> StepStatistics:
     """:func:`step_statistics` of an acceptance rule of :mod:`genspec.acceptance` (its b and resampling
-    law) on tensors ``[..., V]``; ``epsilon`` / ``delta`` broadcast against ``[...]``."""
-    keep = keep_probabilities(target_probs, draft_probs, rule, epsilon, delta)
-    resample = resampling_law(target_probs, draft_probs, rule, residual, epsilon, delta)
+    law) on tensors ``[..., V]``; the rule's ``epsilon`` / ``delta`` broadcast against ``[...]``."""
+    keep = keep_probabilities(target_probs, draft_probs, rule)
+    resample = resampling_law(target_probs, draft_probs, rule)
     return step_statistics(draft_probs, target_probs, keep, resample)
 
 
 def chain_step_statistics(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                          accepted_length: torch.Tensor, draft_lengths: torch.Tensor, rule: str = "overaccept",
-                          residual: str = "opt", epsilon=0.0, delta=0.0) -> StepStatistics:
+                          accepted_length: torch.Tensor, draft_lengths: torch.Tensor,
+                          rule: Rule = STANDARD) -> StepStatistics:
     """One verify step of chain drafts, per row: the sums of :class:`StepStatistics` over its judged
     positions (module docstring), each field ``[B]``.
 
     ``draft_tokens`` ``[B, k]``; ``draft_probs`` ``[B, k, V]`` (None: point masses on the tokens);
     ``target_probs`` ``[B, >= k, V]`` the processed target laws the rule judged against;
-    ``accepted_length``, ``draft_lengths`` ``[B]``; ``epsilon`` / ``delta`` numbers or ``[B]``.
+    ``accepted_length``, ``draft_lengths`` ``[B]``; the rule's ``epsilon`` / ``delta`` numbers or ``[B]``.
     """
     batch, k = draft_tokens.shape
     positions = torch.arange(k, device=draft_tokens.device)
@@ -193,10 +192,7 @@ def chain_step_statistics(draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
     else:
         draft = draft_probs[judged].to(target.dtype)
 
-    def per_position(value):
-        return value[row_of] if isinstance(value, torch.Tensor) else value
-
-    statistics = rule_statistics(draft, target, rule, residual, per_position(epsilon), per_position(delta))
+    statistics = rule_statistics(draft, target, rule.per_row(lambda values: values[row_of]))
     sums = {}
     for f in fields(StepStatistics):
         total = torch.zeros(batch, dtype=torch.float64, device=draft_tokens.device)
@@ -204,8 +200,7 @@ def chain_step_statistics(draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
     return StepStatistics(**sums)
 
 
-def chain_statistics(chain, rule: str = "overaccept", residual: str = "opt", epsilon: float = 0.0,
-                     delta: float = 0.0) -> StepStatistics:
+def chain_statistics(chain, rule: Rule = STANDARD) -> StepStatistics:
     """Exact expected sums of :class:`StepStatistics` over the T positions of a Markov-chain pair
     (``genspec.theory.ChainPair``) decoded with a rule, one draft token judged at every position (the
     paper's abstraction), the states following the rule's own output chain (b p + R P at every state),
@@ -217,8 +212,8 @@ def chain_statistics(chain, rule: str = "overaccept", residual: str = "opt", eps
     totals = StepStatistics.zero()
     for n in range(chain.horizon):
         draft, target = tensor(chain.draft[n]), tensor(chain.target[n])  # [V states, V tokens]
-        keep = keep_probabilities(target, draft, rule, epsilon, delta)
-        resample = resampling_law(target, draft, rule, residual, epsilon, delta)
+        keep = keep_probabilities(target, draft, rule)
+        resample = resampling_law(target, draft, rule)
         per_state = step_statistics(draft, target, keep, resample)
         totals.add(StepStatistics(*(float(marginal @ getattr(per_state, f.name).to(torch.float64))
                                     for f in fields(StepStatistics))))

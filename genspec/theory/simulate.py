@@ -4,7 +4,7 @@ The simulators run the algorithm itself: they draw the draft tokens from the dra
 them with :func:`genspec.acceptance.verify_multidraft`, the same acceptance code the engine uses on
 real models (docs/theory.md, "How it is tested": one acceptance implementation serves the theory
 simulators and the engine). With one candidate that function is the single-position SD rule; with K candidates it is
-the recursive residual verifier; ``num_candidates`` carries each run's number of live drafts.
+the recursive residual verifier; a candidate mask marks each run's live drafts.
 
 Shapes: ``N`` runs, ``M`` drafts per round, ``V`` symbols, horizon ``T``. Tensors are torch float64
 (``torch.from_numpy`` of the chain) and all randomness comes from one seeded ``torch.Generator``.
@@ -24,7 +24,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from genspec.acceptance import check_rule, verify_multidraft
+from genspec.acceptance import STANDARD, Rule, verify_multidraft
+from genspec.randomness import Noise
 from genspec.errors import ConfigError
 from genspec.theory.budget import Cost, check
 from genspec.theory.chains import ChainPair
@@ -74,16 +75,14 @@ def simulation_cost(vocab_size: int, horizon: int, num_runs: int, batch: int = 1
 
 
 def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "batch", seed: int = 0,
-             epsilon: float = 0.0, residual: str = "opt", chunk_size: int = DEFAULT_CHUNK,
-             progress: Callable[[int], None] | None = None, rule: str = "overaccept",
-             delta: float = 0.0) -> Simulation:
+             rule: Rule = STANDARD, chunk_size: int = DEFAULT_CHUNK,
+             progress: Callable[[int], None] | None = None) -> Simulation:
     """Simulate ``num_runs`` independent generations of T tokens with M = ``batch`` drafts per round.
 
     ``variant``: "batch" (Algorithm 4: after an acceptance only the accepted draft continues) or
     "multidraft" (every draft agreeing with the accepted prefix stays live). ``batch = 1`` is standard
-    SD. ``epsilon > 0`` switches to the lossy over-acceptance rule (``residual`` "opt" or "uno"),
-    which is biased (Theorem 2), as does ``residual="uno"`` at eps = 0; ``rule="typical"`` is Medusa's
-    typical acceptance (``epsilon``, ``delta``). The default is lossless.
+    SD. ``rule``: the standard rule by default (lossless); an over-acceptance ``epsilon > 0`` is lossy
+    (Theorem 2), as is the UNO residual at eps = 0; kind "typical" is Medusa's typical acceptance.
 
     ``progress(k)`` is called after every simulated position with k = number of runs advanced.
     Refused (:class:`ConfigError`) above the theory toolkit's limits (:mod:`genspec.theory.budget`).
@@ -94,7 +93,6 @@ def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "ba
         raise ConfigError(f"batch (drafts per round) must be an integer >= 1, got {batch}")
     if variant not in VARIANTS:
         raise ConfigError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    check_rule(rule, residual, epsilon, delta)
     check(simulation_cost(chain.vocab_size, chain.horizon, num_runs, int(batch), chunk_size),
           f"simulating {num_runs} runs with M = {batch} on V = {chain.vocab_size}, T = {chain.horizon}")
     generator = torch.Generator().manual_seed(int(seed))
@@ -103,8 +101,8 @@ def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "ba
     with single_thread():
         for start in range(0, num_runs, chunk_size):
             runs = min(chunk_size, num_runs - start)
-            chunk_rejections, chunk_sequences = _simulate_chunk(tensors, runs, int(batch), variant, epsilon,
-                                                                residual, generator, progress, rule, delta)
+            chunk_rejections, chunk_sequences = _simulate_chunk(tensors, runs, int(batch), variant, rule, generator,
+                                                                progress)
             rejections.append(chunk_rejections)
             sequences.append(chunk_sequences)
     return Simulation(torch.cat(rejections).numpy(), torch.cat(sequences).numpy())
@@ -137,9 +135,8 @@ class _ChainTensors:
         return cls(as_tensor(chain.initial), as_tensor(chain.draft), as_tensor(chain.target))
 
 
-def _simulate_chunk(chain: _ChainTensors, runs: int, batch: int, variant: str, epsilon: float, residual: str,
-                    generator: torch.Generator, progress, rule: str = "overaccept",
-                    delta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def _simulate_chunk(chain: _ChainTensors, runs: int, batch: int, variant: str, rule: Rule,
+                    generator: torch.Generator, progress) -> tuple[torch.Tensor, torch.Tensor]:
     horizon = chain.draft.shape[0]
     sequences = torch.empty((runs, horizon + 1), dtype=torch.long)
     rejections = torch.zeros(runs, dtype=torch.long)
@@ -150,8 +147,7 @@ def _simulate_chunk(chain: _ChainTensors, runs: int, batch: int, variant: str, e
         draft_rows = chain.draft[n][state]  # [N, V] p(. | x_n)
         target_rows = chain.target[n][state]  # [N, V] q(. | x_n)
         candidates = draw_candidates(draft_rows, batch, generator)  # [N, M], columns >= live unused
-        accepted_index, token = verify_position(candidates, target_rows, draft_rows, live, epsilon, residual,
-                                                generator, rule, delta)
+        accepted_index, token = verify_position(candidates, target_rows, draft_rows, live, rule, generator)
         rejections += (accepted_index < 0).long()
         live = next_live_drafts(candidates, accepted_index, token, live, batch, variant)
         state = token
@@ -162,8 +158,7 @@ def _simulate_chunk(chain: _ChainTensors, runs: int, batch: int, variant: str, e
 
 
 def verify_position(candidates: torch.Tensor, target_rows: torch.Tensor, draft_rows: torch.Tensor,
-                    live: torch.Tensor, epsilon: float, residual: str, generator: torch.Generator,
-                    rule: str = "overaccept", delta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                    live: torch.Tensor, rule: Rule, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify every run's live candidates at one position with the shared acceptance code.
 
     Returns (accepted candidate index or -1 if all were rejected ``[N]``, emitted token ``[N]``).
@@ -178,9 +173,9 @@ def verify_position(candidates: torch.Tensor, target_rows: torch.Tensor, draft_r
     for rows, columns in groups:
         if not bool(rows.any()):
             continue
-        verdict = verify_multidraft(candidates[rows, :columns], target_rows[rows], draft_rows[rows],
-                                    num_candidates=live[rows], epsilon=epsilon, residual=residual,
-                                    generator=generator, rule=rule, delta=delta)
+        mask = torch.arange(columns) < live[rows].unsqueeze(1)  # each run's live candidates
+        verdict = verify_multidraft(candidates[rows, :columns], target_rows[rows], draft_rows[rows], mask, rule,
+                                    Noise(generator=generator))
         accepted_index[rows] = verdict.accepted_index
         token[rows] = verdict.token
     return accepted_index, token
