@@ -24,7 +24,7 @@ evidence) and is scored on what it would have proposed when nothing is verified 
 starts no higher than what the row's other levels have shown, so a request where lookups are mostly
 wrong does not pay to learn each level); a costly one is asked for the policy's k and, when switched
 off, probed with a single token now and then (until its time is measured, a draft position is priced
-at what the drafter declares, ``Drafter.draft_cost_prior``: a new engine does not draft blind with it).
+at what the drafter declares, ``DrafterCapabilities.draft_cost_prior``: a new engine does not draft blind with it).
 
 Probes are priced: a probe costs its draft position and the wider verify block, and probes may spend
 ``PROBE_SHARE`` of the idle time, so a drafter whose probe costs 0.6 of a plain step is probed after 6
@@ -497,6 +497,14 @@ class DraftLength:
             if self.memory is not None:
                 self.memory.record_later(evidence, kept)
 
+    def learn(self, reached: int, accepted: int, emitted: list[int], evidence=None, proposal: list[int] = (),
+              drafted: int = 0) -> None:
+        """One verified step: a draft that went ``reached`` deep along the kept path and kept ``accepted``
+        (:meth:`update`), then the part of a free ``proposal`` (its first chain before the plan clipped it)
+        that was not verified, against what the target ``emitted`` (:meth:`shadow`)."""
+        self.update(reached, accepted, evidence)
+        self.shadow(list(proposal), emitted, evidence, drafted=drafted)
+
     def __repr__(self) -> str:
         rates = {e: round(a.rate_first, 2) for e, a in self.acceptance.items()}
         return f"DraftLength({self.policy}, k_max={self.k_max}, first-token acceptance={rates})"
@@ -505,15 +513,19 @@ class DraftLength:
 @dataclass
 class RowPlan:
     """One row of a batch step for :func:`plan`: its policy (None: no drafter), the evidence behind its
-    proposal, ``cap`` the most tokens it can draft (what a free drafter proposed, or the room left),
+    drafter's offer, ``cap`` the most tokens it can draft (what a free drafter proposed, or the room left),
     ``draft_cost`` its drafter's cost per position (None: free), ``block`` the draft tokens a draft of each
-    depth puts in its verify block (:meth:`Drafter.block_tokens`; None: the depth, a chain's)."""
+    depth puts in its verify block (:meth:`Drafter.block_tokens`; None: the depth, a chain's). For the probes
+    of :func:`decide`: ``room`` the tokens the row may still draft, ``read_tokens`` what its costly drafter must
+    read before drafting for it (:meth:`Drafter.catch_up_tokens`, asked only when a probe is due)."""
 
     policy: DraftLength | None
     evidence: object = None
     cap: int = 0
     draft_cost: DraftCost | None = None
     block: Callable[[int], int] | None = None
+    room: int = 0
+    read_tokens: Callable[[], int] | None = None
 
     def width(self, depth: int) -> int:
         """The draft tokens this row adds to the verify block when it drafts ``depth`` deep."""
@@ -609,3 +621,20 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     if winners and block_width(best) <= widest and costs.explore_due(batch):  # (a best that is unmeasured explores)
         return max(winners, key=block_width)
     return best
+
+
+def decide(rows: list[RowPlan], costs: CostModel) -> list[int]:
+    """The lengths a batch step drafts: the :func:`plan`, then, for the costly rows of the cost policy, a
+    one-token probe now and then where the plan switched them off (:meth:`DraftLength.after_plan`), if it is
+    affordable (:func:`probe_affordable`, checked only when a probe is due), each at most the row's room."""
+    lengths = plan(rows, costs)
+    for i, row in enumerate(rows):
+        if row.policy is None or row.draft_cost is None or row.policy.policy != "cost":
+            continue
+
+        def affordable(row: RowPlan = row) -> bool:
+            read = row.read_tokens() if row.read_tokens is not None else 0
+            return probe_affordable(row.draft_cost, costs, len(rows), read, row.room)
+
+        lengths[i] = min(row.policy.after_plan(lengths[i], affordable), row.room)
+    return lengths

@@ -29,8 +29,9 @@ import torch
 from genspec.acceptance import Candidates, Rule, RuleKind, Verdict, verify
 from genspec.checks import integer
 from genspec.config import GenerationConfig, with_overrides  # noqa: F401 (GenerationConfig: re-exported)
-from genspec.draft_length import AcceptanceMemory, CostModel, DraftCost, DraftLength, RowPlan, plan, probe_affordable
-from genspec.drafters.base import DEFAULT_DRAFT_TOKENS, Draft, DraftBlock, Drafter, DraftRequest, RequestContext
+from genspec.draft_length import AcceptanceMemory, CostModel, DraftCost, DraftLength, RowPlan, decide
+from genspec.drafters.base import (DEFAULT_DRAFT_TOKENS, Draft, DraftBlock, Drafter, DraftOffer, DraftRequest,
+                                   RequestContext)
 from genspec.errors import ConfigError, ContextLengthError, GenerationError, GenspecError, NumericalError
 from genspec.models.base import CausalLM
 from genspec.randomness import RequestRandomness, block_noise
@@ -181,11 +182,6 @@ def _group_rule(requests: list[_Request]) -> Rule:
     return Rule.batch([Rule(delta=rule.delta) if rule.lossless else rule for rule in rules])
 
 
-def _costly_part(drafter: Drafter | None) -> Drafter | None:
-    """The drafter whose drafts cost model time: a costly drafter itself, a free one's fallback (or none)."""
-    return drafter if drafter is None or not drafter.free else drafter.fallback
-
-
 class _Request:
     """Book-keeping of one request."""
 
@@ -198,11 +194,11 @@ class _Request:
         self.sampling = config.sampling
         self.drafter = drafter
         self.drafter_name = drafter_name
-        costly = _costly_part(drafter)  # what a probe drafts with
+        capabilities = drafter.capabilities if drafter is not None else None
         self.policy = (DraftLength(config.draft_length, config.num_draft_tokens, costs, draft_cost, memory=memory,
-                                   probe_tokens=costly.block_tokens(1) if costly is not None else 1)
+                                   probe_tokens=drafter.block_tokens(1) if capabilities.costly else 1)  # what a probe drafts
                        if drafter else None)
-        self.random = RequestRandomness(config.seed, sample_index, drafter.max_candidates if drafter else 1)
+        self.random = RequestRandomness(config.seed, sample_index, capabilities.max_candidates if drafter else 1)
         self.eos = eos
         self.generated: list[int] = []
         self.finish_reason: str | None = None
@@ -211,8 +207,8 @@ class _Request:
         self.stats = RequestStats(acceptance=config.acceptance,
                                   bias=StepStatistics.zero() if config.measure_bias else None)
         self.started_at = 0.0
-        self.reads_hidden = drafter is not None and drafter.reads_target_hidden
-        self.hidden_layers = drafter.target_hidden_layers if self.reads_hidden else ()  # beyond the final states
+        self.reads_hidden = drafter is not None and capabilities.reads_target_hidden
+        self.hidden_layers = capabilities.target_hidden_layers if self.reads_hidden else ()  # beyond the final states
         self.coupled = config.acceptance_rule.kind is RuleKind.COUPLED and not self.sampling.greedy  # the coupled rule verifies it
         self.pending_hidden: list[torch.Tensor] = []  # the target's hidden states not yet handed to the drafter
 
@@ -243,16 +239,18 @@ class _Request:
 
 @dataclass
 class _Group:
-    """The running requests of one drafter in one step, their draft and what the target said of it."""
+    """The running requests of one drafter in one step: its offer, their draft and what the target said of it."""
 
     rows: list[int]  # indices into the running batch
     requests: list[_Request]
-    draft: Draft
-    evidence: list
-    shadows: list[list[int]]  # per row a free proposal's first chain, before the plan clipped it (scored unverified)
+    offer: DraftOffer
+    draft: Draft | None = None
     block: DraftBlock | None = None
     verdict: Verdict | None = None
-    fallback_rows: list[int] = field(default_factory=list)  # rows a free drafter left to its fallback
+
+    @property
+    def drafter(self) -> Drafter | None:
+        return self.requests[0].drafter
 
 
 class SpeculativeEngine:
@@ -285,9 +283,9 @@ class SpeculativeEngine:
         self.max_batch_size = max_batch_size
         self.costs = cost_model or CostModel()  # the target's verify costs, by block size
         self._timed_shapes: set[tuple[int, int]] = set()  # (batch, width) verified once at least
-        # each costly drafter's time per draft position (a free drafter's entry prices its fallback)
-        self.draft_costs = {name: DraftCost(prior_steps=(d.fallback or d).draft_cost_prior)
-                            for name, d in self.drafters.items()}
+        # each costly drafter's time per draft position
+        self.draft_costs = {name: DraftCost(prior_steps=d.capabilities.draft_cost_prior)
+                            for name, d in self.drafters.items() if d.capabilities.costly}
         # what each drafter's proposals achieved in earlier requests, greedy and sampled apart
         self.acceptance_memory = {(name, greedy): AcceptanceMemory() for name in self.drafters for greedy in (True, False)}
         self._waiting: list[_Request] = []
@@ -310,19 +308,19 @@ class SpeculativeEngine:
             raise ConfigError(f"unknown drafter {name!r} for this engine; it holds: "
                               f"{', '.join([NO_DRAFTER, *self.drafters])}")
         drafter = self.drafters.get(name)
-        unknown = set(config.drafter_options) - set(drafter.request_options if drafter else ())
+        capabilities = drafter.capabilities if drafter is not None else None
+        unknown = set(config.drafter_options) - set(capabilities.request_options if drafter else ())
         if unknown:
             raise ConfigError(f"drafter {name!r} takes no per-request option(s) {', '.join(sorted(unknown))}")
-        if config.measure_bias and drafter is not None and drafter.max_candidates > 1:
+        if config.measure_bias and drafter is not None and capabilities.max_candidates > 1:
             raise ConfigError(f"bias is measured on chain drafts only; drafter {name!r} drafts trees of up to "
-                              f"{drafter.max_candidates} candidates")
+                              f"{capabilities.max_candidates} candidates")
         prompt_ids = self._check_prompt(prompt_ids)
-        config = config.resolved(drafter is not None and drafter.samples_drafts,
-                                 drafter.default_draft_tokens if drafter is not None else DEFAULT_DRAFT_TOKENS)
+        config = config.resolved(drafter is not None and capabilities.samples_drafts,
+                                 capabilities.default_draft_tokens if drafter is not None else DEFAULT_DRAFT_TOKENS)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
-        request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs,
-                           self.draft_costs.get(name) if drafter is not None and drafter.costly else None, eos,
-                           sample_index, self.acceptance_memory.get((name, config.sampling.greedy)))
+        request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs, self.draft_costs.get(name),
+                           eos, sample_index, self.acceptance_memory.get((name, config.sampling.greedy)))
         self._waiting.append(request)
         return request.id
 
@@ -492,127 +490,78 @@ class SpeculativeEngine:
         record.prefill_time_s = time.perf_counter() - started
 
     def _draft(self, record: StepRecord) -> list[_Group]:
-        """Every running request's draft, its length planned for the whole batch (``draft_length.plan``):
-        free drafters propose first, so that the plan weighs their evidence; costly ones (and the fallbacks
-        of free ones, for the rows they left empty) then draft the planned lengths."""
+        """Every running request's draft, its length planned for the whole batch: each drafter offers its
+        rows (free tokens, or a costly draft to come), the plan decides every row's length
+        (``draft_length.decide``), then free proposals are cut to it and costly rows drafted."""
         by_group: dict[tuple, list[int]] = {}
         for row, request in enumerate(self._running):
             by_group.setdefault(request.group, []).append(row)
         groups, rows_plan = [], [RowPlan(None)] * len(self._running)
         for rows in by_group.values():
             requests = [self._running[row] for row in rows]
-            drafter = requests[0].drafter
-            room = [self._room(r) for r in requests]
-            group = _Group(rows, requests, Draft.empty(len(rows)), [None] * len(rows), [[] for _ in rows])
-            caps = [0] * len(rows) if drafter is None else room
-            if drafter is not None and drafter.free:
+            drafter, room = requests[0].drafter, [self._room(r) for r in requests]
+            offer = DraftOffer.free(Draft.empty(len(rows)))  # no drafter: nothing to draft
+            if drafter is not None:
                 started = time.perf_counter()
-                group.draft, _ = self._propose(drafter, requests, room)
+                offer = self._offer(drafter, requests, room)
                 record.draft_time_s += time.perf_counter() - started
-                group.evidence = [group.draft.evidence_of(i) for i in range(len(rows))]
-                caps = group.draft.lengths.amax(dim=1).tolist()
-                if drafter.fallback is not None:
-                    group.fallback_rows = [i for i, cap in enumerate(caps) if cap == 0]
-                    caps = [cap or room[i] for i, cap in enumerate(caps)]  # the fallback may draft up to the room
-            for i, (row, request) in enumerate(zip(rows, requests)):
-                costly = drafter is not None and (not drafter.free or i in group.fallback_rows)
-                draft_cost = self.draft_costs[request.drafter_name] if costly else None
-                rows_plan[row] = RowPlan(request.policy, group.evidence[i], caps[i], draft_cost,
-                                         _costly_part(drafter).block_tokens if costly else None)
-            groups.append(group)
-        planned = plan(rows_plan, self.costs)
+                for i, (row, request) in enumerate(zip(rows, requests)):
+                    costly = offer.costly[i]
+                    rows_plan[row] = RowPlan(
+                        request.policy, offer.evidence_of(i), offer.cap(i, room[i]),
+                        self.draft_costs[request.drafter_name] if costly else None,
+                        drafter.block_tokens if costly else None, room[i],
+                        lambda r=request: r.drafter.catch_up_tokens(r.id, r.sequence))
+            groups.append(_Group(rows, requests, offer))
+        planned = decide(rows_plan, self.costs)
         for group in groups:
-            drafter, requests = group.requests[0].drafter, group.requests
-            wanted = [planned[row] for row in group.rows]
-            if drafter is None:
-                continue
-            if drafter.free:
-                proposed = group.draft.proposed()
-                group.shadows = [group.draft.first_chain(i) if proposed[i] else [] for i in range(len(requests))]
-                group.draft = group.draft.clipped(wanted)
-                if group.fallback_rows:
-                    self._draft_fallback(group, wanted, record)
-                continue
-            draft = self._draft_costly(drafter, requests, wanted, record)
-            if draft is not None:
-                group.draft = draft
+            group.draft = self._draft_planned(group, [planned[row] for row in group.rows], record)
         return groups
 
-    def _draft_costly(self, drafter: Drafter, requests: list[_Request], planned: list[int],
-                      record: StepRecord) -> Draft | None:
-        """A costly drafter's draft of the planned lengths (with probes, :meth:`_costly_length`), its time
-        measured; None if no row drafts."""
-        draft_cost = self.draft_costs[requests[0].drafter_name]
-        wanted = [self._costly_length(drafter, r, k, draft_cost) for r, k in zip(requests, planned)]
-        if not any(wanted):
-            return None
+    def _draft_planned(self, group: _Group, planned: list[int], record: StepRecord) -> Draft:
+        """The group's draft of the planned lengths: its free proposals cut to them, and its costly rows drafted
+        (if any drafts), their time measured."""
+        offer, draft = group.offer, group.offer.proposal.clipped(planned)
+        costly = [i for i, c in enumerate(offer.costly) if c]
+        if not any(planned[i] for i in costly):
+            return draft
+        requests = [group.requests[i] for i in costly]
         started = time.perf_counter()
-        draft, reading = self._propose(drafter, requests, wanted)
+        drafted, reading = self._propose(group.drafter, requests, [planned[i] for i in costly])
         seconds = time.perf_counter() - started
-        draft_cost.observe(max(wanted), seconds - reading, reading)
+        self.draft_costs[requests[0].drafter_name].observe(max(planned[i] for i in costly), seconds - reading, reading)
         record.draft_model_time_s += seconds
         record.draft_time_s += seconds
-        return draft
+        if len(costly) == offer.batch:
+            return drafted
+        at = {i: j for j, i in enumerate(costly)}
+        return Draft.stack([drafted.rows([at[i]]) if i in at else draft.rows([i]) for i in range(offer.batch)])
 
-    def _draft_fallback(self, group: _Group, planned: list[int], record: StepRecord) -> None:
-        """The free drafter's fallback drafts the rows the free proposal left empty (evidence stays the
-        free proposal's grade, which the policy learns the fallback's acceptance under)."""
-        rows = group.fallback_rows
-        draft = self._draft_costly(group.requests[0].drafter.fallback, [group.requests[i] for i in rows],
-                                   [planned[i] for i in rows], record)
-        if draft is None:
-            return
-        at = {i: j for j, i in enumerate(rows)}
-        group.draft = Draft.stack([draft.rows([at[i]]) if i in at else group.draft.rows([i])
-                                   for i in range(len(group.requests))])
-
-    def _costly_length(self, drafter: Drafter, request: _Request, planned: int, draft_cost: DraftCost) -> int:
-        """What the costly ``drafter`` (the request's own, or its fallback) drafts for ``request``: the plan's
-        length, or under the cost policy, when the plan switched it off, a one-token probe now and then if one
-        is affordable (:func:`probe_affordable`, checked only when a probe is due; the reading it weighs is
-        ``drafter``'s)."""
-        if request.policy.policy != "cost":
-            return planned
-        def affordable() -> bool:
-            return probe_affordable(draft_cost, self.costs, len(self._running),
-                                    drafter.catch_up_tokens(request.id, request.sequence), self._room(request))
-
-        return min(request.policy.after_plan(planned, affordable), self._room(request))
+    @staticmethod
+    def _offer(drafter: Drafter, requests: list[_Request], room: list[int]) -> DraftOffer:
+        """The drafter's offer for these requests (a failing one's offers nothing, :meth:`_guarded`)."""
+        rows = [DraftRequest(r.id, r.sequence, n) for r, n in zip(requests, room)]
+        offer, _ = _guarded(drafter, requests, rows, drafter.offer, DraftOffer.stack,
+                            DraftOffer.free(Draft.empty(1)))
+        kept = _usable(drafter, requests, offer.proposal)
+        return offer if kept is offer.proposal else DraftOffer(kept, offer.costly)
 
     @staticmethod
     def _propose(drafter: Drafter, requests: list[_Request], limits: list[int]) -> tuple[Draft, float]:
-        """The drafter's proposal for these requests, and the seconds its reading took (:meth:`Drafter.read`,
-        timed apart: the draft-length policy prices it per draft, not per position). If it fails, each
-        request is proposed for alone, and a request whose own proposal fails fails alone (``finish_reason``
-        "error"; it verifies nothing); so does a request whose draft law holds NaN or inf (the acceptance
-        rule would not be lossless on it)."""
+        """The drafter's costly draft for these requests, and the seconds its reading took (:meth:`Drafter.read`,
+        timed apart: the draft-length policy prices it per draft, not per position)."""
         rows = [DraftRequest(r.id, r.sequence, n, r.take_hidden()) for r, n in zip(requests, limits)]
-        started = time.perf_counter()
-        try:
-            drafter.read(rows)
+        reading = 0.0
+
+        def draft(part: list[DraftRequest]) -> Draft:
+            nonlocal reading
+            started = time.perf_counter()
+            drafter.read(part)
             reading = time.perf_counter() - started
-            draft = drafter.propose(rows)
-        except Exception:  # noqa: BLE001 - find the request(s) at fault; the others go on
-            reading, drafts = 0.0, []
-            for request, row in zip(requests, rows):
-                try:
-                    drafter.read([row])
-                    drafts.append(drafter.propose([row]))
-                except Exception as exc:  # noqa: BLE001 - reported on the request, the engine goes on
-                    request.fail(GenerationError(f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"))
-                    drafts.append(Draft.empty(1))
-            draft = Draft.stack(drafts)
-        if draft.probs is None:
-            return draft, reading
-        drafted = torch.arange(draft.width) < draft.lengths.unsqueeze(-1)  # [B, M, k]
-        bad = unusable_rows(draft.probs, drafted)
-        for row in bad:
-            requests[row].fail(NumericalError(
-                f"drafter {drafter.name!r}: its draft law contains NaN or inf (computed in "
-                f"{str(draft.probs.dtype).replace('torch.', '')}); nothing can be verified against it"))
-        if bad:
-            draft = draft.clipped([0 if i in bad else n for i, n in enumerate(draft.lengths.amax(1).tolist())])
-        return draft, reading
+            return drafter.propose(part)
+
+        drafted, whole = _guarded(drafter, requests, rows, draft, Draft.stack, Draft.empty(1))
+        return _usable(drafter, requests, drafted), reading if whole else 0.0
 
     def _verify(self, groups: list[_Group], record: StepRecord) -> None:
         """One target pass over every row's block, then each group's acceptance rule."""
@@ -631,11 +580,9 @@ class SpeculativeEngine:
                 own = group.block.tree_mask
                 tree_mask[rows, :n, :n] = own if own is not None else torch.ones(n, n, dtype=torch.bool).tril()
         started = time.perf_counter()
-        prefix = None
-        if len(groups) == 1 and not trees and groups[0].requests[0].drafter is not None and width > 1:
-            group = groups[0]  # early exit: the draft computed the block's first layers already
-            requests = [DraftRequest(r.id, r.sequence, 0) for r in group.requests]
-            prefix = group.requests[0].drafter.verify_prefix(self.target, requests, tokens, valid)
+        # an early-exit draft's first layers of its block: the batch's block if it is the only draft (the
+        # target runs every layer where they do not fit)
+        prefix = groups[0].draft.prefix if len(groups) == 1 else None
         reads_hidden = any(r.reads_hidden for g in groups for r in g.requests)
         layers = _hidden_layers([r for g in groups for r in g.requests])
         logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix, return_hidden=reads_hidden,
@@ -721,13 +668,14 @@ class SpeculativeEngine:
                 accepted = int(group.verdict.accepted_length[i])
                 path = group.verdict.path[i, 1:accepted + 1]
                 tokens = [int(t) for t in group.block.tokens[i, path]] + [int(group.verdict.next_token[i])]
+                evidence = group.offer.evidence_of(i)
                 if request.policy is not None:
                     # the policy learns per draft position along the kept path: a tree's depth there, not its node
                     # count (a tree of 8 nodes 4 deep whose path was kept whole had no rejection at positions
                     # 5..8), nor the depth of its other branches (a kept first token with no child tested nothing
                     # after it, and counted as a miss it pulled the later-position rate of wide trees down)
-                    request.policy.update(group.block.reached(i, path.tolist()), accepted, group.evidence[i])
-                    request.policy.shadow(group.shadows[i], tokens, group.evidence[i], drafted=depths[i])
+                    request.policy.learn(group.block.reached(i, path.tolist()), accepted, tokens, evidence,
+                                         group.offer.first_chain(i), depths[i])
                 request.stats.record(drafted[i], accepted, depths[i])
                 request.stats.draft_time_s += record.draft_time_s
                 request.stats.verify_time_s += record.verify_time_s
@@ -736,7 +684,7 @@ class SpeculativeEngine:
                 request.stats.total_time_s = now - request.started_at
                 record.requests[request.id] = RequestStep(
                     kept, drafted[i], accepted, [j < accepted for j in range(depths[i])], request.finish_reason,
-                    request.stats, group.evidence[i])
+                    request.stats, evidence)
 
     def _append(self, request: _Request, tokens: list[int]) -> list[int]:
         """Append tokens, stopping at EOS, a stop string, the token budget or the context; returns the
@@ -835,6 +783,39 @@ def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
     peak = scores.amax(-1)
     bad = ~torch.isfinite(peak) & valid.to(peak.device)
     return bad.reshape(bad.shape[0], -1).any(-1).nonzero().flatten().tolist()
+
+
+def _guarded(drafter: Drafter, requests: list[_Request], rows: list[DraftRequest], call, stack, nothing):
+    """``call(rows)`` for the drafter's rows, and whether that one call made it. If it fails, each request is
+    called for alone, and a request whose own call fails fails alone (``finish_reason`` "error"; ``nothing``
+    stands in for its row: it verifies nothing); the rows are then joined with ``stack``."""
+    try:
+        return call(rows), True
+    except Exception:  # noqa: BLE001 - find the request(s) at fault; the others go on
+        parts = []
+        for request, row in zip(requests, rows):
+            try:
+                parts.append(call([row]))
+            except Exception as exc:  # noqa: BLE001 - reported on the request, the engine goes on
+                request.fail(GenerationError(f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"))
+                parts.append(nothing)
+        return stack(parts), False
+
+
+def _usable(drafter: Drafter, requests: list[_Request], draft: Draft) -> Draft:
+    """``draft`` without the rows whose draft law holds NaN or inf: those requests fail (the acceptance rule
+    would not be lossless on them)."""
+    if draft.probs is None:
+        return draft
+    drafted = torch.arange(draft.width) < draft.lengths.unsqueeze(-1)  # [B, M, k]
+    bad = unusable_rows(draft.probs, drafted)
+    for row in bad:
+        requests[row].fail(NumericalError(
+            f"drafter {drafter.name!r}: its draft law contains NaN or inf (computed in "
+            f"{str(draft.probs.dtype).replace('torch.', '')}); nothing can be verified against it"))
+    if bad:
+        draft = draft.clipped([0 if i in bad else n for i, n in enumerate(draft.lengths.amax(1).tolist())])
+    return draft
 
 
 def _by_drafter(requests: list[_Request]) -> list[tuple[Drafter, list[_Request]]]:

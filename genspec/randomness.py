@@ -15,7 +15,7 @@ What a seed reproduces. The token at position t is a function of the tokens befo
 position t and the draft at t (whether t was drafted, and what). With a drafter whose drafts are point
 masses (the model-free drafters, trained heads' trees) the coupling above makes it plain sampling's
 token whatever was drafted: a seeded request gives the same tokens under every draft-length policy
-and batch composition. A drafter that samples its drafts (``Drafter.samples_drafts``: a draft model,
+and batch composition. A drafter that samples its drafts (``DrafterCapabilities.samples_drafts``: a draft model,
 self-speculation, a head's chain) would get the standard rule's token, which depends on whether t was
 drafted, and no rule can remove that dependence and keep the standard rule's acceptance probability
 1 - TV(p, q): the token would then be a function of the target's law and shared randomness alone while

@@ -11,7 +11,7 @@ import torch
 from stats_helpers import lossless_pvalue
 from tiny_models import peaked, sampled_continuations, tiny_llama
 
-from genspec.drafters.base import Draft, Drafter
+from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftOffer
 from genspec.drafters.head import HeadDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
@@ -41,7 +41,7 @@ class _Recorder(Drafter):
     """Reads the target's features and proposes the last token repeated (so drafts are partly kept)."""
 
     name = "recorder"
-    reads_target_hidden = True
+    capabilities = DrafterCapabilities(reads_target_hidden=True)
 
     def __init__(self):
         self.features: dict[int, list[torch.Tensor]] = {}
@@ -404,9 +404,11 @@ def test_the_weak_lookup_joins_the_heads_tree_as_one_more_candidate(tiny_target)
     hidden = tiny_target.add_rows([weak[:-1], fresh[:-1]], return_hidden=True)
     tiny_target.reset(0)
     hybrid.start([RequestContext(0, weak, hidden=hidden[0]), RequestContext(1, fresh, hidden=hidden[1])])
-    draft = hybrid.propose([DraftRequest(0, weak, 3), DraftRequest(1, fresh, 3)])
-    assert draft.chains(0) == [] and draft.evidence_of(0) == "head"  # a 2-token match is weak: the fallback's
-    assert isinstance(hybrid.fallback, HeadAndWeakLookup) and hybrid.max_candidates == 4
+    offer = hybrid.offer([DraftRequest(0, weak, 3), DraftRequest(1, fresh, 3)])
+    draft = offer.proposal
+    assert offer.costly == (True, True)  # a 2-token match is weak: the fallback's
+    assert draft.chains(0) == [] and draft.evidence_of(0) == "head"
+    assert isinstance(hybrid.fallback, HeadAndWeakLookup) and hybrid.capabilities.max_candidates == 4
     merged = hybrid.fallback.propose([DraftRequest(0, weak, 2), DraftRequest(1, fresh, 2)])
     alone = head.propose([DraftRequest(0, weak, 2), DraftRequest(1, fresh, 2)])
     assert merged.chains(0)[-1] == [8, 9] and merged.chains(0)[:-1] == alone.chains(0)
@@ -439,7 +441,7 @@ def test_training_lowers_the_loss_and_the_saved_head_drafts(tmp_path, token_laye
     assert vocab_ids == vocab and fingerprint == target_fingerprint(target) and info["log"]["settings"]["steps"] == 60
     assert head.config.token_layers == token_layers and head.config.feature_layers == fused
     drafter = HeadDrafter.for_target(target, path=str(tmp_path / "head"))
-    assert (drafter.layer_states is not None) == bool(token_layers) and drafter.target_hidden_layers == fused
+    assert (drafter.layer_states is not None) == bool(token_layers) and drafter.capabilities.target_hidden_layers == fused
     prompts = [s[:6] for s in sequences[20:]]
     plain = SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=20, eos_token_ids=())
     # fixed draft lengths: the cost policy reads the clock, and on a loaded machine it may stop drafting
@@ -576,10 +578,11 @@ def test_hybrid_takes_lookup_after_a_strong_match_and_the_head_elsewhere(tiny_ta
     hidden = tiny_target.add_rows([repeated[:-1], fresh[:-1]], return_hidden=True)
     tiny_target.reset(0)
     hybrid.start([RequestContext(0, repeated, hidden=hidden[0]), RequestContext(1, fresh, hidden=hidden[1])])
-    draft = hybrid.propose([DraftRequest(0, repeated, 3), DraftRequest(1, fresh, 3)])
-    assert draft.first_chain(0) == [8, 9, 5] and draft.evidence_of(0) == 3
-    assert draft.first_chain(1) == [] and draft.evidence_of(1) == "head"  # left to the fallback, the head
-    assert hybrid.fallback is hybrid.head and hybrid.free
+    offer = hybrid.offer([DraftRequest(0, repeated, 3), DraftRequest(1, fresh, 3)])
+    draft = offer.proposal
+    assert draft.first_chain(0) == [8, 9, 5] and draft.evidence_of(0) == 3 and not offer.costly[0]
+    assert draft.first_chain(1) == [] and draft.evidence_of(1) == "head" and offer.costly[1]  # left to the head
+    assert hybrid.fallback is hybrid.head and hybrid.capabilities.free
     assert len(hybrid.fallback.propose([DraftRequest(1, fresh, 3)]).first_chain(0)) == 3
 
 
@@ -665,21 +668,28 @@ class _Reader(Drafter):
 
 
 class _Empty(Drafter):
-    """A free drafter that never drafts: every row goes to its fallback."""
+    """A composite whose free part never proposes: it offers every row as a costly draft of its fallback,
+    which drafts, reads and catches up for it."""
 
     name = "empty"
-    free = True
+    capabilities = DrafterCapabilities(free=True, costly=True)
 
     def __init__(self, fallback):
         self.fallback = fallback
 
+    def offer(self, requests):
+        return DraftOffer.to_draft(len(requests), evidence=["head"] * len(requests))
+
     def propose(self, requests):
-        return Draft.from_chains([[[]] for _ in requests], evidence=["head"] * len(requests))
+        return self.fallback.propose(requests)
+
+    def catch_up_tokens(self, request_id, sequence):
+        return self.fallback.catch_up_tokens(request_id, sequence)
 
 
 def test_the_cost_policy_asks_the_fallback_what_a_probe_must_read(tiny_target):
     """A fallback switched off by the cost policy is probed only if the probe's reading is affordable, and
-    that reading is the fallback's (here a million tokens: never affordable), not the free drafter's (0)."""
+    that reading is the fallback's (here a million tokens: never affordable), not the free part's (0)."""
     reader = _Reader()
     engine = SpeculativeEngine(tiny_target, _Empty(reader))
     results = engine.generate_ids([[5, 6, 7]], max_new_tokens=96, eos_token_ids=())

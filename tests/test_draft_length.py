@@ -6,7 +6,8 @@ import math
 import pytest
 from tiny_models import tiny_llama
 
-from genspec.draft_length import EXPLORE_EVERY, MAX_PROBE_WAIT, CostModel, DraftCost, DraftLength, RowPlan, plan, probe_affordable
+from genspec.draft_length import (EXPLORE_EVERY, MAX_PROBE_WAIT, CostModel, DraftCost, DraftLength, RowPlan, decide, plan,
+                                  probe_affordable)
 from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
 from genspec.drafters.base import DraftRequest, RequestContext
 from genspec.engine import GenerationConfig, SpeculativeEngine
@@ -252,10 +253,10 @@ def _plain_run(tokens: int) -> tuple[HFCausalLM, list[list[int]], list[int]]:
 def _oracle(prompt: list[int], plain: list[int], free: bool = True, block=None):
     """A drafter proposing the plain continuation (always right): free, or costly (cost prior 0.01 of a
     step per position) and declaring ``block(depth)`` verify tokens if given."""
-    from genspec.drafters.base import Draft, Drafter
+    from genspec.drafters.base import Draft, Drafter, DrafterCapabilities
 
     class Oracle(Drafter):
-        name, draft_cost_prior = "oracle", 0.01
+        name, capabilities = "oracle", DrafterCapabilities(free=free, draft_cost_prior=0.01)
 
         def propose(self, requests):
             done = len(requests[0].sequence) - len(prompt)
@@ -264,9 +265,7 @@ def _oracle(prompt: list[int], plain: list[int], free: bool = True, block=None):
         def block_tokens(self, depth):
             return depth if block is None else block(depth)
 
-    oracle = Oracle()
-    oracle.free = free
-    return oracle
+    return Oracle()
 
 
 def test_first_step_drafts_a_few_tokens_not_k_max():
@@ -280,7 +279,7 @@ def test_engine_drops_weak_free_drafts_and_stays_exact():
     ends up verifying (nearly) only the strong ones, and the output equals plain decoding. Costs are
     made deterministic (verifying w tokens costs 1 + 0.1 (w - 1), drafting nothing) so the test does
     not depend on this machine's timings."""
-    from genspec.drafters.base import Draft, Drafter
+    from genspec.drafters.base import Draft, Drafter, DrafterCapabilities
 
     class Synthetic(CostModel):
         def observe_verify(self, width, seconds, batch=1):
@@ -289,7 +288,7 @@ def test_engine_drops_weak_free_drafts_and_stays_exact():
     target, prompt, plain = _plain_run(60)
 
     class Oracle(Drafter):
-        name, free = "oracle", True
+        name, capabilities = "oracle", DrafterCapabilities(free=True)
 
         def propose(self, requests):
             done = len(requests[0].sequence) - len(prompt[0])
@@ -313,12 +312,12 @@ def test_policies_learn_a_trees_depth_not_its_node_count():
     continuation and a wrong one. Every draft's path is kept whole, so the heuristic policy (+2 after a
     fully kept draft, -1 otherwise) must stay at k = 4; counting the 8 nodes as 8 positions would call
     each draft half rejected and shrink k to 1."""
-    from genspec.drafters.base import Draft, Drafter
+    from genspec.drafters.base import Draft, Drafter, DrafterCapabilities
 
     target, prompt, plain = _plain_run(40)
 
     class OracleTree(Drafter):
-        name, free, max_candidates = "oracle-tree", True, 2
+        name, capabilities = "oracle-tree", DrafterCapabilities(free=True, max_candidates=2)
 
         def propose(self, requests):
             done = len(requests[0].sequence) - len(prompt[0])
@@ -651,7 +650,7 @@ def test_an_engine_does_not_pay_again_for_weak_drafts_an_earlier_request_showed_
     """The weak proposals of the Oracle below are always wrong. A fresh engine verifies a few of them
     before its estimate drops; the same engine's next request starts from that experience and verifies
     none (a free drafter's unverified proposals are scored all the same). Outputs equal plain decoding."""
-    from genspec.drafters.base import Draft, Drafter
+    from genspec.drafters.base import Draft, Drafter, DrafterCapabilities
 
     class Synthetic(CostModel):
         def observe_verify(self, width, seconds, batch=1):
@@ -660,7 +659,7 @@ def test_an_engine_does_not_pay_again_for_weak_drafts_an_earlier_request_showed_
     target, prompt, plain = _plain_run(40)
 
     class Oracle(Drafter):
-        name, free = "oracle", True
+        name, capabilities = "oracle", DrafterCapabilities(free=True)
 
         def propose(self, requests):
             done = len(requests[0].sequence) - len(prompt[0])
@@ -739,6 +738,29 @@ def test_a_probe_is_made_only_when_its_reading_costs_a_tenth_of_the_time_left_at
     assert probe_affordable(prior, unmeasured, 1, read_tokens=10_000, room=1)
 
 
+def test_decide_probes_a_switched_off_costly_row_when_affordable_and_never_a_free_one():
+    """``decide``: the plan, then the cost policy's probes (as ``limit`` makes them for one request alone): a
+    costly row the plan switched off drafts one token after 6 idle steps (a probe costs 0.5 + 0.1 steps) if
+    its reading is affordable, asked only then; never if it is not (a million tokens to read); a free row
+    that proposed nothing is not probed; a fixed policy's costly row drafts its k (up to its cap), unprobed."""
+    costs = CostModel()
+    costs.observe_verify(1, 0.1)
+    costs.observe_verify(1, 0.1, batch=3)
+    asked = []
+
+    def reading(tokens):
+        return lambda: asked.append(tokens) or tokens
+
+    rows = [RowPlan(DraftLength("cost", 8, costs, DraftCost()), None, 8, DraftCost(), None, 8, reading(0)),
+            RowPlan(DraftLength("cost", 8, costs, DraftCost()), None, 8, DraftCost(), None, 8, reading(10 ** 6)),
+            RowPlan(DraftLength("cost", 8, costs), None, 0, None, None, 8, reading(0))]
+    steps = [decide(rows, costs) for _ in range(6)]
+    assert steps == [[0, 0, 0]] * 5 + [[1, 0, 0]]
+    assert asked == [0, 10 ** 6]  # each costly row's reading asked once, when its probe was due
+    tight = RowPlan(DraftLength("fixed", 8, costs), None, 3, DraftCost(), None, 3)
+    assert decide([tight], costs) == [3]
+
+
 def test_a_draft_model_reads_a_prompt_at_its_first_draft_and_a_useless_one_is_not_probed_on_a_short_answer():
     """The draft model's rows start empty (``catch_up_tokens`` is the whole sequence) and catch up when it
     drafts; an engine whose plan never drafts and whose probes are unaffordable (a long prompt, a short
@@ -809,12 +831,12 @@ def test_a_kept_branch_with_no_child_tests_no_later_position():
     right first token, whose branch drafted nothing after it, so no later position was tested (counted as
     missed, the tree's other, deeper branch made the later-position rate fall to nothing). Its chain twin,
     the right token then a wrong one, tests (and misses) the second position at every step."""
-    from genspec.drafters.base import Draft, Drafter
+    from genspec.drafters.base import Draft, Drafter, DrafterCapabilities
 
     target, prompt, plain = _plain_run(12)
 
     class Branches(Drafter):
-        name, max_candidates = "oracle", 2
+        name, capabilities = "oracle", DrafterCapabilities(max_candidates=2)
 
         def __init__(self, tree: bool):
             self.tree = tree

@@ -124,7 +124,7 @@ def test_registry_builds_every_model_free_drafter(tiny_target, tmp_path):
                           ("retrieval", {"index": str(index_dir)}), ("edit", {"edit_source": [5, 6, 7]}),
                           ("lookahead", {"ngram_size": 3})]:
         drafter = genspec.build_drafter(name, tiny_target, **options)
-        assert drafter.name == name and drafter.free
+        assert drafter.name == name and drafter.capabilities.free
     assert genspec.build_drafter("prompt-lookup", tiny_target, num_drafts=2).num_candidates == 2
     with pytest.raises(ConfigError, match="does not take option"):
         genspec.build_drafter("lookahead", tiny_target, bogus=1)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_models import draft_one_pair, tiny_llama
 
-from genspec.drafters.base import Draft, Drafter, RequestContext
+from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, RequestContext
 from genspec.drafters.head import HeadDrafter
 from genspec.engine import SpeculativeEngine, _own_hidden
 from genspec.errors import ConfigError
@@ -54,10 +54,9 @@ class _Recorder(Drafter):
     with every third token wrong (so drafts are partly kept)."""
 
     name = "recorder"
-    reads_target_hidden = True
 
     def __init__(self, layers: tuple[int, ...], continuations: dict[int, list[int]]):
-        self.target_hidden_layers = layers
+        self.capabilities = DrafterCapabilities(reads_target_hidden=True, target_hidden_layers=layers)
         self.continuations = continuations
         self.hidden: dict[int, list[torch.Tensor]] = {}
 
@@ -106,7 +105,7 @@ def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):
     torch.manual_seed(0)
     head = DraftHead(SMALL).to(torch.float64).eval()
     drafter = HeadDrafter(tiny_target, head, list(range(64)), tree_nodes=0)
-    assert drafter.target_hidden_layers == (1,)
+    assert drafter.capabilities.target_hidden_layers == (1,)
     sequence = [5, 9, 11, 3, 7, 7, 2, 40, 41, 13]
     tiny_target.reset(0)
     [features] = tiny_target.add_rows([sequence[:-1]], return_hidden=True, hidden_layers=(1,))
@@ -150,4 +149,4 @@ def test_a_fused_head_saved_and_loaded_keeps_its_layers(tmp_path, tiny_target):
     save_head(tmp_path / "h", head, list(range(64)), target_fingerprint(tiny_target))
     loaded = load_head(tmp_path / "h")[0]
     assert loaded.config == head.config and loaded.splits
-    assert HeadDrafter.for_target(tiny_target, path=str(tmp_path / "h")).target_hidden_layers == (1,)
+    assert HeadDrafter.for_target(tiny_target, path=str(tmp_path / "h")).capabilities.target_hidden_layers == (1,)

@@ -247,7 +247,7 @@ def test_seeded_sampling_with_point_mass_drafts_is_the_same_under_every_policy_a
     accepted = 0
     for policy, k in POLICIES:
         drafter = POINT_MASS_DRAFTERS[name](sharp_target)
-        assert not drafter.samples_drafts
+        assert not drafter.capabilities.samples_drafts
         alone = SpeculativeEngine(sharp_target, drafter).generate_ids([SEEDED_PROMPT], _seeded(policy, k))[0]
         assert alone.token_ids == plain, (policy, k)
         accepted += alone.stats.accepted_tokens
@@ -278,7 +278,7 @@ def test_seeded_sampling_with_sampled_drafts_is_the_same_under_every_policy_and_
     accepted = drafted = 0
     for policy, k in POLICIES:
         drafter = SAMPLING_DRAFTERS[name](sharp_target)
-        assert drafter.samples_drafts
+        assert drafter.capabilities.samples_drafts
         alone = SpeculativeEngine(sharp_target, drafter).generate_ids([SEEDED_PROMPT], _seeded(policy, k))[0]
         assert alone.stats.acceptance == {"rule": "coupled", "epsilon": 0.0, "delta": None, "residual": None,
                                           "lossless": True}

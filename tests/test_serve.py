@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 
 import genspec
-from genspec.drafters.base import Drafter
+from genspec.drafters.base import Drafter, DrafterCapabilities
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.engine import SpeculativeEngine
 from genspec.serve.app import create_app
@@ -36,7 +36,7 @@ class _Failing(Drafter):
     """Raises on any request whose sequence contains byte 'Z' (token id of 'Z'); drafts nothing else."""
 
     name = "failing"
-    free = True
+    capabilities = DrafterCapabilities(free=True)
 
     def __init__(self, bad_token: int):
         self.bad_token = bad_token
@@ -54,7 +54,7 @@ class _Gate(Drafter):
     setting ``entered``: a test can hold the running batch still while it fills the queue."""
 
     name = "gate"
-    free = True
+    capabilities = DrafterCapabilities(free=True)
 
     def __init__(self):
         self.entered = threading.Event()

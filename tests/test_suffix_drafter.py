@@ -202,12 +202,12 @@ def test_the_drafter_declares_its_depth_and_a_request_may_set_another(tiny_targe
         assert result.token_ids == first.token_ids
         return len(result.stats.drafted_per_position)
 
-    assert SuffixDrafter.default_draft_tokens == 24
+    assert SuffixDrafter.capabilities.default_draft_tokens == 24
     assert deepest(SpeculativeEngine(tiny_target, drafter)) == 24
     assert deepest(SpeculativeEngine(tiny_target, drafter), num_draft_tokens=5) == 5
     lookup = genspec.build_drafter("prompt-lookup", tiny_target)
-    assert lookup.default_draft_tokens == 8
-    assert GenerationConfig().resolved(False, lookup.default_draft_tokens).num_draft_tokens == 8
+    assert lookup.capabilities.default_draft_tokens == 8
+    assert GenerationConfig().resolved(False, lookup.capabilities.default_draft_tokens).num_draft_tokens == 8
     assert GenerationConfig(num_draft_tokens=3).resolved(False, 24).num_draft_tokens == 3
     with pytest.raises(ConfigError, match="num_draft_tokens"):
         GenerationConfig(num_draft_tokens=0)
@@ -247,8 +247,8 @@ def test_lossless_sampling(leaves):
 
 def test_registry_options_and_errors(tiny_target):
     drafter = genspec.build_drafter("suffix", tiny_target, num_drafts=3, cache_tokens=5000)
-    assert drafter.name == "suffix" and drafter.free and drafter.greedy_leaves == 3
-    assert drafter.max_candidates == 4 and drafter.cache.max_tokens == 5000
+    assert drafter.name == "suffix" and drafter.capabilities.free and drafter.greedy_leaves == 3
+    assert drafter.capabilities.max_candidates == 4 and drafter.cache.max_tokens == 5000
     for bad in ({"min_prob": 2}, {"max_nodes": 0}, {"factor": 0}, {"cache_tokens": 3}, {"num_candidates": 0},
                 {"learn": "yes"}):
         with pytest.raises(ConfigError):

@@ -59,7 +59,7 @@ def main() -> None:
 
     print(f"| check after the weights' modification time changed (full sha256) | "
           f"{median_seconds(check_after_touch, 3):.3f} |")
-    print(f"| genspec.load_model(backend="torch") (verification included) | {median_seconds(lambda: genspec.load_model(backend="torch"), 3):.3f} |")
+    print(f"| genspec.load_model(backend='torch') (verification included) | {median_seconds(lambda: genspec.load_model(backend='torch'), 3):.3f} |")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def main() -> None:
     print(f"main thread again:                  {forward_ms(target, args.rows, args.context):6.1f} ms")
     del target
     print(f"one other thread loads and runs it: "
-          f"{in_thread(lambda: forward_ms(genspec.load_model(backend="torch"), args.rows, args.context)):6.1f} ms")
+          f"{in_thread(lambda: forward_ms(genspec.load_model(backend='torch'), args.rows, args.context)):6.1f} ms")
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def run_demo(args) -> int:
         target = genspec.load_model(args.model, backend=args.backend)
         drafter = genspec.build_drafter(args.drafter, target, **options)
     plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter)
-    k = args.num_draft_tokens or drafter.default_draft_tokens
+    k = args.num_draft_tokens or drafter.capabilities.default_draft_tokens
     for engine in (plain, spec):  # warm-up (first-call allocations), not timed
         engine.generate("Hello", max_new_tokens=2)
     with Progress(console=console, transient=True) as progress:

@@ -149,9 +149,9 @@ def run_generate(args) -> int:
     engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
                           backend=args.backend, **options)
     check_prompt_fits(engine, prompt, args.max_new_tokens)
-    if engine.drafter is not None and engine.drafter.samples_drafts and args.seed is not None \
+    if engine.drafter is not None and engine.drafter.capabilities.samples_drafts and args.seed is not None \
             and args.temperature > 0 and args.draft_length == "cost" \
-            and config.resolved(engine.drafter.samples_drafts).rule != "coupled":
+            and config.resolved(engine.drafter.capabilities.samples_drafts).rule != "coupled":
         print(f"genspec: warning: drafter {args.drafter!r} samples its drafts and --rule {args.rule} is not coupled, "
               "so the seeded output depends on the draft lengths, which --draft-length cost takes from measured "
               "times: use --rule auto (lossless) or --draft-length fixed/heuristic for reproducible samples",

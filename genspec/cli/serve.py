@@ -138,7 +138,6 @@ def extra_drafters(specs: list[str]) -> dict[str, dict]:
 
 def server_settings(args):
     """The :class:`~genspec.serve.settings.ServerSettings` of ``genspec serve``'s flags."""
-    from genspec.api import resolve_backend
     from genspec.serve.settings import ServerSettings
 
     security = security_settings(args)

@@ -98,8 +98,8 @@ def run_tradeoff(args) -> int:
     with console.status("loading the model and the drafter"):
         engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
                               backend=args.backend, **options)
-    if engine.drafter.max_candidates > 1:
-        raise ConfigError(f"drafter {args.drafter!r} drafts trees (up to {engine.drafter.max_candidates} candidates); "
+    if engine.drafter.capabilities.max_candidates > 1:
+        raise ConfigError(f"drafter {args.drafter!r} drafts trees (up to {engine.drafter.capabilities.max_candidates} candidates); "
                           f"bias is measured on chain drafts: drop its tree option")
     prompt_ids = [encode_prompt(p.text, engine.tokenizer) for p in prompts]
     scorer = scorer_name = None

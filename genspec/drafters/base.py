@@ -1,8 +1,9 @@
 """The drafter interface: anything that guesses the next tokens.
 
 Life cycle (llama.cpp's, per request): the engine calls :meth:`Drafter.start` when requests join
-the batch, :meth:`Drafter.propose` at every step for the requests that use this drafter (each with
-its whole sequence so far and how many tokens it may draft), and :meth:`Drafter.finish` when
+the batch; at every step, for the requests that use this drafter (each with its whole sequence so far),
+:meth:`Drafter.offer` (free tokens, or a costly draft to come) before the draft-length plan and
+:meth:`Drafter.propose` after it for the rows offered as costly (how many tokens each drafts); and :meth:`Drafter.finish` when
 requests leave (joins and leaves come in groups, so a model-based drafter prefills or frees them
 in one go). What the target kept is visible in the next call's sequences. A drafter keeps its own
 state (its own KV cache, tables, ...) per request and never touches the target's.
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from genspec.acceptance import coupled_tokens, sample_with_uniforms
+from genspec.errors import ConfigError
 from genspec.models.base import CausalLM, PrefixKV
 from genspec.randomness import RequestRandomness
 from genspec.sampling import SamplingConfig
@@ -30,9 +32,9 @@ class RequestContext:
 
     ``generator`` is the request's own random stream for drafting (a seeded request drafts the same
     whatever else is in the batch); ``options`` are per-request drafter options, among the drafter's
-    :attr:`Drafter.request_options`. ``hidden``: for a drafter that :attr:`~Drafter.reads_target_hidden`,
+    :attr:`DrafterCapabilities.request_options`. ``hidden``: for a drafter that :attr:`~DrafterCapabilities.reads_target_hidden`,
     the target's hidden states (its LM head's inputs) of every prompt token but the last,
-    ``[len(prompt) - 1, H]`` (followed by those of its :attr:`~Drafter.target_hidden_layers`: ``[..., H * (1 +
+    ``[len(prompt) - 1, H]`` (followed by those of its :attr:`~DrafterCapabilities.target_hidden_layers`: ``[..., H * (1 +
     len(layers))]``); None for the others. ``noise``: for a request verified by the coupled rule,
     its per-position noise; a drafter that samples draws its token at output position t (``len(sequence)
     - len(prompt)``) from it (:func:`draw_tokens` does), so that draft and target are coupled. None for
@@ -50,11 +52,12 @@ class RequestContext:
 
 @dataclass(frozen=True)
 class DraftRequest:
-    """One row of a :meth:`Drafter.propose` call: propose up to ``max_tokens`` tokens after ``sequence``
-    (prompt and generated tokens so far). ``max_tokens`` may be 0 (nothing wanted from this row).
-    ``hidden``: for a drafter that :attr:`~Drafter.reads_target_hidden`, the target's hidden states of
+    """One row of a :meth:`Drafter.offer` or :meth:`Drafter.propose` call: up to ``max_tokens`` tokens after
+    ``sequence`` (prompt and generated tokens so far). ``max_tokens`` may be 0 (nothing wanted from this row).
+    ``hidden``: for a drafter that :attr:`~DrafterCapabilities.reads_target_hidden`, in a :meth:`~Drafter.propose`
+    call (an offer gets None), the target's hidden states of
     the tokens committed since this request's last proposal (or its start), ``[n, H]`` (wider with
-    :attr:`~Drafter.target_hidden_layers`, as in :class:`RequestContext`), in order; with
+    :attr:`~DrafterCapabilities.target_hidden_layers`, as in :class:`RequestContext`), in order; with
     the earlier ones they cover every token of ``sequence`` but the last. None for the others. The same
     states may come twice: when a batch's proposal raises, the engine proposes for each row alone with
     the same requests, so a drafter keeps at most ``len(sequence) - 1`` states."""
@@ -76,6 +79,9 @@ class Draft:
     merged into one tree node for the target pass, but each chain stays a candidate for the verifier.
     evidence: optional, per row, a small hashable grade of how well the proposal is backed (prompt
     lookup: the matched n-gram length); the cost-aware draft length learns acceptance per grade.
+    prefix: an early-exit draft's (:attr:`DrafterCapabilities.early_exit`) first target layers over its
+    verify block (per row ``[last token, draft tokens...]``), which the target's pass reuses where the block
+    is this draft's (:class:`genspec.models.base.PrefixKV`); a draft cut or restacked drops it.
     A draft is never changed in place: :meth:`clipped` returns a new one.
     """
 
@@ -83,6 +89,7 @@ class Draft:
     lengths: torch.Tensor
     probs: torch.Tensor | None = None
     evidence: tuple | None = None
+    prefix: PrefixKV | None = None
 
     @classmethod
     def empty(cls, batch: int) -> "Draft":
@@ -159,7 +166,8 @@ class Draft:
         lengths = torch.minimum(self.lengths, torch.tensor(limits, dtype=torch.long).unsqueeze(1))
         width = int(lengths.max()) if lengths.numel() else 0
         probs = None if self.probs is None else self.probs[:, :, :width]
-        return Draft(self.tokens[:, :, :width], lengths, probs, self.evidence)
+        prefix = self.prefix if torch.equal(lengths, self.lengths) else None
+        return Draft(self.tokens[:, :, :width], lengths, probs, self.evidence, prefix)
 
     def drafted_tokens(self) -> list[int]:
         """Per row: draft tokens sent to the target (tree nodes: shared prefixes counted once)."""
@@ -235,49 +243,123 @@ class DraftBlock:
                     if length >= n and self.node_of[row, m, :n].tolist() == path), default=n)
 
 
-class Drafter(ABC):
-    """Base class of every speculator. Subclasses set ``name`` and implement :meth:`propose`."""
+@dataclass(frozen=True)
+class DrafterCapabilities:
+    """What a drafter can do, declared once (:attr:`Drafter.capabilities`; a drafter whose options change
+    them sets its own in ``__init__``, e.g. ``dataclasses.replace(self.capabilities, max_candidates=4)``).
+    The engine reads these and the methods of :class:`Drafter`, nothing else.
 
-    name: str = "drafter"
-    #: proposing costs next to nothing (no model runs): the engine lets it propose before the draft-length
-    #: policy decides, so the policy can weigh the proposal's evidence, and scores unverified proposals
+    - ``free``: it can propose tokens at next to no cost (no model runs), before the draft-length plan
+      decides: its :meth:`Drafter.offer` holds them, the plan weighs their evidence, and the policy scores
+      what of them was not verified.
+    - ``costly``: some of its drafts cost model time (default: not ``free``; a composite such as the hybrid
+      is both): the engine measures that time per drafter (:class:`genspec.draft_length.DraftCost`) and the
+      plan prices those drafts with it and with :meth:`Drafter.block_tokens`.
+    - ``draft_cost_prior``: a costly drafter's time per draft position, in plain target steps, assumed until
+      the engine has measured it: a model the size of half the target by default (early exit and layer skip
+      also run the full head); heads on the target's features cost far less.
+    - ``default_draft_tokens``: the most tokens a step drafts (k) when a request does not set
+      ``num_draft_tokens``: the depth the drafter is designed for (the suffix drafter's match-proportional
+      drafts go to 24, SuffixDecoding's).
+    - ``max_candidates``: most candidate chains per row in a :class:`Draft` (1: always a single chain).
+    - ``request_options``: per-request options a request may pass (``GenerationConfig.drafter_options``).
+    - ``reads_target_hidden``: it reads the target's hidden states (EAGLE-style heads): the engine asks the
+      target for them and hands them over in :attr:`RequestContext.hidden` and :attr:`DraftRequest.hidden`;
+      ``target_hidden_layers``: those states also hold the outputs of these target layers (1 <= l < its layer
+      count, after the final states along the last axis: EAGLE-3's fused features; see :meth:`CausalLM.forward`).
+    - ``samples_drafts``: for a sampled request it draws its drafts from a law it hands to the verifier (a
+      draft model, a head's chain), with :func:`draw_tokens`. Under the standard rule a seeded request's
+      tokens then depend on where its drafts stop, so the engine verifies seeded requests of such a drafter
+      with the coupled rule (see :mod:`genspec.randomness`). False: its drafts are point masses (lookups,
+      trees), verified so that the tokens are plain sampling's.
+    - ``early_exit``: its drafts are the target's own first layers: a chain draft carries them over its
+      verify block (:attr:`Draft.prefix`) and the target's pass reuses them where they fit
+      (LayerSkip-style KV reuse, :class:`genspec.models.base.PrefixKV`).
+    """
+
     free: bool = False
-    #: a free drafter may leave rows to a costly one: the rows its proposal leaves empty are drafted by
-    #: ``fallback`` (the hybrid: lookup where it matched, the trained head elsewhere). The engine plans those
-    #: rows' lengths at the fallback's cost, with the evidence grade the free proposal gave them, and asks the
-    #: fallback for the planned tokens (the free drafter's :meth:`start` / :meth:`finish` must reach it, and
-    #: so must the target's hidden states if it reads them: they come with the free proposal)
-    fallback: "Drafter | None" = None
+    costly: bool | None = None
+    draft_cost_prior: float = 0.5
+    default_draft_tokens: int = DEFAULT_DRAFT_TOKENS
+    max_candidates: int = 1
+    request_options: tuple[str, ...] = ()
+    reads_target_hidden: bool = False
+    target_hidden_layers: tuple[int, ...] = ()
+    samples_drafts: bool = False
+    early_exit: bool = False
+
+    def __post_init__(self):
+        if self.costly is None:
+            object.__setattr__(self, "costly", not self.free)
+        if not (self.free or self.costly):
+            raise ConfigError("a drafter's drafts are free, costly or both")
+        if int(self.max_candidates) != self.max_candidates or self.max_candidates < 1:
+            raise ConfigError(f"max_candidates must be an integer >= 1, got {self.max_candidates}")
+        if int(self.default_draft_tokens) != self.default_draft_tokens or self.default_draft_tokens < 1:
+            raise ConfigError(f"default_draft_tokens must be an integer >= 1, got {self.default_draft_tokens}")
+        object.__setattr__(self, "request_options", tuple(self.request_options))
+        object.__setattr__(self, "target_hidden_layers", tuple(self.target_hidden_layers))
+
+
+@dataclass(frozen=True)
+class DraftOffer:
+    """What a drafter offers a step's rows before the draft-length plan decides how many tokens each
+    drafts (:meth:`Drafter.offer`). Per row b, either tokens it proposed for free (row b of ``proposal``:
+    the plan drafts at most their depth, then clips them; the policy scores what of their first chain was
+    not verified), or, where ``costly[b]``, a draft it will make at a model's cost once the plan has decided
+    its length (:meth:`Drafter.propose`; ``proposal``'s row b is then empty). Either way ``proposal``'s
+    evidence grades the row (:class:`Draft`): the policy learns acceptance per grade."""
+
+    proposal: Draft
+    costly: tuple[bool, ...]
+
+    @classmethod
+    def free(cls, proposal: Draft) -> "DraftOffer":
+        """Every row: the tokens of ``proposal``, at no cost."""
+        return cls(proposal, (False,) * proposal.batch)
+
+    @classmethod
+    def to_draft(cls, batch: int, evidence: list | None = None) -> "DraftOffer":
+        """Every row: a costly draft once the plan has decided its length (graded by ``evidence``)."""
+        proposal = Draft.empty(batch)
+        if evidence is not None:
+            proposal = Draft(proposal.tokens, proposal.lengths, evidence=tuple(evidence))
+        return cls(proposal, (True,) * batch)
+
+    @classmethod
+    def stack(cls, offers: list["DraftOffer"]) -> "DraftOffer":
+        """One offer of the rows of several."""
+        return cls(Draft.stack([o.proposal for o in offers]), tuple(c for o in offers for c in o.costly))
 
     @property
-    def costly(self) -> bool:
-        """Some of its drafts cost model time (it is costly, or free with a costly ``fallback``): the engine
-        plans them with the draft cost it measures per drafter."""
-        return not self.free or self.fallback is not None
+    def batch(self) -> int:
+        return len(self.costly)
 
-    #: a costly drafter's time per draft position, in plain target steps, assumed until the engine has
-    #: measured it (:class:`genspec.draft_length.DraftCost`): a model the size of half the target by default
-    #: (early exit and layer skip also run the full head); heads on the target's features cost far less
-    draft_cost_prior: float = 0.5
-    #: the most tokens a step drafts (k) when a request does not set ``num_draft_tokens``: the depth the
-    #: drafter is designed for (the suffix drafter's match-proportional drafts go to 24, SuffixDecoding's)
-    default_draft_tokens: int = DEFAULT_DRAFT_TOKENS
-    #: most candidate chains per row in a :class:`Draft` (1: always a single chain)
-    max_candidates: int = 1
-    #: per-request options a request may pass (``GenerationConfig.drafter_options``)
-    request_options: tuple[str, ...] = ()
-    #: the drafter reads the target's hidden states (EAGLE-style heads): the engine then asks the target
-    #: for them and hands them over in :attr:`RequestContext.hidden` and :attr:`DraftRequest.hidden`
-    reads_target_hidden: bool = False
-    #: such a drafter's hidden states also hold the outputs of these target layers (1 <= l < its layer count,
-    #: after the final states along the last axis: EAGLE-3's fused features; see :meth:`CausalLM.forward`)
-    target_hidden_layers: tuple[int, ...] = ()
-    #: for a sampled request the drafter draws its drafts from a law it hands to the verifier (a draft model,
-    #: a head's chain), with :func:`draw_tokens`. Under the standard rule a seeded request's tokens then
-    #: depend on where its drafts stop, so the engine verifies seeded requests of such a drafter with the
-    #: coupled rule (see :mod:`genspec.randomness`). False: its drafts are point masses (lookups, trees),
-    #: verified so that the tokens are plain sampling's.
-    samples_drafts: bool = False
+    def evidence_of(self, row: int):
+        return self.proposal.evidence_of(row)
+
+    def cap(self, row: int, room: int) -> int:
+        """The most tokens row ``row`` can draft: its free proposal's depth, or for a costly draft ``room``."""
+        return room if self.costly[row] else int(self.proposal.lengths[row].max())
+
+    def first_chain(self, row: int) -> list[int]:
+        """Row ``row``'s free proposal's first chain before the plan clipped it (empty for a costly row)."""
+        return self.proposal.first_chain(row)
+
+
+class Drafter(ABC):
+    """Base class of every speculator. Subclasses set ``name``, declare :attr:`capabilities` and implement
+    :meth:`propose`.
+
+    A step (:meth:`genspec.engine.SpeculativeEngine.step`): :meth:`offer` for the requests of this drafter
+    (before the draft-length plan: free tokens, or a costly draft to come), the plan decides every row's
+    length for the whole batch, then :meth:`read` and :meth:`propose` for the rows offered as costly, with
+    the planned lengths. A composite drafter (the hybrid) combines the offers of its parts in :meth:`offer`
+    and sends :meth:`read` / :meth:`propose` / :meth:`block_tokens` / :meth:`catch_up_tokens` to the part
+    that makes its costly drafts."""
+
+    name: str = "drafter"
+    capabilities: DrafterCapabilities = DrafterCapabilities()
 
     @classmethod
     def for_target(cls, target: CausalLM, **options) -> "Drafter":
@@ -291,35 +373,37 @@ class Drafter(ABC):
     def finish(self, request_ids: list[int]) -> None:
         """Requests left the batch (finished or cancelled): forget their state."""
 
+    def offer(self, requests: list[DraftRequest]) -> DraftOffer:
+        """This step's offer for these requests, before the plan (``max_tokens``: the room each has left;
+        ``hidden`` is None: the target's states come with :meth:`propose`). Default: a free drafter proposes
+        now (:meth:`propose`) and offers those tokens; a costly one offers to draft the planned lengths."""
+        if self.capabilities.free:
+            return DraftOffer.free(self.propose(requests))
+        return DraftOffer.to_draft(len(requests))
+
     @abstractmethod
     def propose(self, requests: list[DraftRequest]) -> Draft:
-        """One :class:`Draft` row per request, in the order given."""
+        """One :class:`Draft` row per request, in the order given, of up to ``max_tokens`` tokens each."""
 
     def read(self, requests: list[DraftRequest]) -> None:
-        """Take in what each request committed since this drafter last drafted for it, before
+        """Take in what each request committed since this drafter last drafted for it, before a costly
         :meth:`propose` (a head's pass over the new committed pairs, its token layers): the reading a
         draft needs whatever its depth. The engine times it apart, so the draft-length policy prices it once
         per draft, not per position (:class:`genspec.draft_length.DraftCost`). :meth:`propose` must work
         without it (it reads what was not read). Default: nothing (all drafting time is priced per position)."""
 
     def block_tokens(self, depth: int) -> int:
-        """The most draft tokens a draft ``depth`` tokens deep puts in one row's verify block: a chain's
-        depth (the default), a tree's nodes. The draft-length policy prices a depth by the verify block it
-        makes (:func:`genspec.draft_length.plan`)."""
+        """The most draft tokens a costly draft ``depth`` tokens deep puts in one row's verify block: a
+        chain's depth (the default), a tree's nodes. The draft-length policy prices a depth by the verify
+        block it makes (:func:`genspec.draft_length.plan`)."""
         return depth
 
     def catch_up_tokens(self, request_id: int, sequence: list[int]) -> int:
-        """How many tokens of ``sequence`` the drafter must still read before it can draft for this request
-        (a draft model's cache lag; 0 for drafters that read nothing, the default). The draft-length policy
-        weighs that reading before it probes a costly drafter (:func:`genspec.draft_length.probe_affordable`)."""
+        """How many tokens of ``sequence`` the drafter must still read before it can make a costly draft for
+        this request (a draft model's cache lag; 0 for drafters that read nothing, the default). The
+        draft-length policy weighs that reading before it probes a costly drafter
+        (:func:`genspec.draft_length.probe_affordable`)."""
         return 0
-
-    def verify_prefix(self, target: CausalLM, requests: list[DraftRequest], block: torch.Tensor,
-                      valid: torch.Tensor) -> PrefixKV | None:
-        """Optionally, the first layers of the target's verify ``block`` ``[B, n]`` (rows as in
-        ``requests``), already computed while drafting (early exit: the draft *is* those layers).
-        None (the default): the target runs every layer."""
-        return None
 
 
 def ragged_tokens(chunks: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,8 +10,9 @@ None), so the engine verifies them losslessly.
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import replace
 
-from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
+from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext
 from genspec.drafters.enumeration import Enumeration
 from genspec.errors import ConfigError
 
@@ -32,11 +33,11 @@ def check_candidates(num_candidates: int) -> None:
 class CandidateDrafter(Drafter):
     """Model-free drafting, one request (row) at a time. ``num_candidates`` chains per row at most."""
 
-    free = True
+    capabilities = DrafterCapabilities(free=True)
 
     def __init__(self, num_candidates: int = 1):
         check_candidates(num_candidates)
-        self.max_candidates = int(num_candidates)
+        self.capabilities = replace(self.capabilities, max_candidates=int(num_candidates))
         self._rows: dict[int, object] = {}
         #: rewrites list item numbers in the chains found (None: chains as found)
         self.enumeration: Enumeration | None = None
@@ -60,7 +61,7 @@ class CandidateDrafter(Drafter):
 
     @property
     def num_candidates(self) -> int:
-        return self.max_candidates
+        return self.capabilities.max_candidates
 
     @abstractmethod
     def new_row(self, context: RequestContext) -> object:
@@ -91,7 +92,7 @@ class CandidateDrafter(Drafter):
             if self.enumeration is not None and chains:
                 chains = self._renumbered(request.sequence, chains, request.max_tokens)
             found.append((chains, evidence))
-        return Draft.from_chains([chains for chains, _ in found], self.max_candidates,
+        return Draft.from_chains([chains for chains, _ in found], self.num_candidates,
                                  [evidence for _, evidence in found])
 
     def _renumbered(self, sequence: list[int], chains: list[list[int]], limit: int) -> list[list[int]]:

@@ -16,13 +16,16 @@ law, which is passed up as the draft law. Drafters stack to any depth.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from genspec.acceptance import Candidates, verify
-from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext, draw_tokens, ragged_tokens, request_uniforms
+from genspec.drafters.base import (Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext, draw_tokens,
+                                   ragged_tokens, request_uniforms)
 from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
-from genspec.models.base import CausalLM, PrefixKV
+from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM
 from genspec.randomness import Noise
 from genspec.sampling import apply_repetition_penalty, block_seen_mask, process_logits, seen_mask
@@ -40,7 +43,7 @@ class DraftModelDrafter(Drafter):
     """
 
     name = "draft-model"
-    samples_drafts = True
+    capabilities = DrafterCapabilities(samples_drafts=True)
 
     def __init__(self, model: CausalLM, num_drafts: int = 1, confidence_threshold: float = 0.0,
                  inner: Drafter | None = None, reuse_layers: bool = True):
@@ -49,10 +52,12 @@ class DraftModelDrafter(Drafter):
         if not 0.0 <= confidence_threshold < 1.0:
             raise ConfigError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         self.model = model
-        self.max_candidates = int(num_drafts)
         self.confidence_threshold = confidence_threshold
         self.inner = inner
         self.reuse_layers = reuse_layers
+        self.reuses = model.prefix_source if reuse_layers else None  # the target its drafts' layers serve
+        self.capabilities = replace(self.capabilities, max_candidates=int(num_drafts),
+                                    early_exit=self.reuses is not None)
         self._order: list[int] = []  # request ids, in the model's row order
         self._held: dict[int, list[int]] = {}  # the tokens each row holds in the model's cache
         self._contexts: dict[int, RequestContext] = {}
@@ -255,10 +260,11 @@ class DraftModelDrafter(Drafter):
         sequences = [by_id[i].sequence if i in by_id else self._held[i] for i in self._order]
         need = [by_id[i].max_tokens if i in by_id else 0 for i in self._order]
         contexts = [self._contexts[i] for i in self._order]
-        if self.max_candidates == 1 or all(c.sampling.greedy for c in contexts):
+        candidates = self.capabilities.max_candidates
+        if candidates == 1 or all(c.sampling.greedy for c in contexts):
             draft = self._draft_chain(sequences, need)
         else:
-            chains = [self._draft_chain(sequences, need) for _ in range(self.max_candidates)]
+            chains = [self._draft_chain(sequences, need) for _ in range(candidates)]
             width = max(c.width for c in chains)
             tokens = torch.cat([torch.nn.functional.pad(c.tokens, (0, width - c.width)) for c in chains], 1)
             probs = None
@@ -267,17 +273,18 @@ class DraftModelDrafter(Drafter):
             draft = Draft(tokens, torch.cat([c.lengths for c in chains], dim=1), probs)
         row_of = {request_id: row for row, request_id in enumerate(self._order)}
         order = torch.tensor([row_of[r.request_id] for r in requests], dtype=torch.long)
-        return Draft(draft.tokens[order], draft.lengths[order], None if draft.probs is None else draft.probs[order])
+        return self._with_prefix(requests, Draft(draft.tokens[order], draft.lengths[order],
+                                                 None if draft.probs is None else draft.probs[order]))
 
-    def verify_prefix(self, target: CausalLM, requests: list[DraftRequest], block: torch.Tensor,
-                      valid: torch.Tensor) -> PrefixKV | None:
-        """For an early-exit draft of ``target``: the first layers of the verify block ``[last, drafts]``,
-        already computed while drafting (only the last draft token is still fed)."""
-        if (not self.reuse_layers or not self.model.shares_prefix_with(target)
+    def _with_prefix(self, requests: list[DraftRequest], draft: Draft) -> Draft:
+        """For an early-exit draft of a chain for every row this model holds: the draft with the first target
+        layers of its verify block ``[last, drafts]`` (:attr:`Draft.prefix`), already computed while drafting
+        (only the last draft token is still fed)."""
+        if (self.reuses is None or draft.num_chains != 1 or not draft.width
                 or [r.request_id for r in requests] != self._order):
-            return None
-        lengths = valid.sum(1).tolist()
-        needed = [r.sequence + block[i, 1:lengths[i]].tolist() for i, r in enumerate(requests)]
-        self._sync(needed, [n > 0 for n in lengths], logits=False)
+            return draft
+        valid = torch.arange(draft.width + 1) <= draft.lengths[:, :1]
+        self._sync([r.sequence + draft.first_chain(i) for i, r in enumerate(requests)], [True] * len(requests),
+                   logits=False)
         start = torch.tensor([len(r.sequence) - 1 for r in requests], dtype=torch.long)
-        return self.model.prefix_for(target, start, valid)
+        return replace(draft, prefix=self.model.prefix_for(self.reuses, start, valid))

@@ -29,7 +29,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from genspec.drafters.base import RequestContext
+from genspec.drafters.base import DrafterCapabilities, RequestContext
 from genspec.drafters.candidates import CandidateDrafter
 from genspec.drafters.ngrams import NGramIndex, check_ngram_range, copy_forward
 from genspec.errors import ConfigError
@@ -72,7 +72,7 @@ class EditDrafter(CandidateDrafter):
     """
 
     name = "edit"
-    request_options = ("source",)
+    capabilities = DrafterCapabilities(free=True, request_options=("source",))
 
     def __init__(self, source: list[int] | None = None, max_ngram: int = 6, min_ngram: int = 1,
                  far_ngram: int = 4, window: int = 32, num_candidates: int = 1, tokenizer=None):

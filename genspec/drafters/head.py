@@ -2,7 +2,7 @@
 
 The engine hands the drafter the target's features (the LM head's inputs) of every committed token:
 those of the prompt when a request starts, those of the tokens kept since at every proposal
-(:attr:`Drafter.reads_target_hidden`). The head (:class:`genspec.speculators.head.DraftHead`) keeps a
+(:attr:`DrafterCapabilities.reads_target_hidden`). The head (:class:`genspec.speculators.head.DraftHead`) keeps a
 KV cache per request (per layer) over the pairs (target feature at i, token i + 1), fed with the target's
 exact features once tokens are committed (its own guesses are never kept: EAGLE's rule), and drafts a
 chain by feeding its predicted feature back with each drafted token. Logits come from the target's own
@@ -13,10 +13,11 @@ verifier, so the standard rule stays exact.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 
-from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
+from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext
 from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TreeNode, ancestors, best_paths, chains_draft, draw,
                                       load_for_target, tree_block)
 from genspec.drafters.layer_states import LayerStates
@@ -85,12 +86,10 @@ class HeadDrafter(Drafter):
     A head trained with ``token_layers`` = L reads the target's first L layers over each committed token
     (:class:`genspec.drafters.layer_states.LayerStates`, run here before drafting: part of the draft cost);
     one trained with ``feature_layers`` reads those target layers' outputs with the final features (they
-    come with the verify pass: :attr:`target_hidden_layers`)."""
+    come with the verify pass: :attr:`DrafterCapabilities.target_hidden_layers`)."""
 
     name = "head"
-    free = False
-    reads_target_hidden = True
-    draft_cost_prior = FEATURE_HEAD_COST_PRIOR
+    capabilities = DrafterCapabilities(reads_target_hidden=True, draft_cost_prior=FEATURE_HEAD_COST_PRIOR)
 
     def __init__(self, target, head: DraftHead, vocab_ids: list[int], tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4,
                  tree_first: int = DEFAULT_TREE_FIRST, first_threshold: float = 0.0, fast_kernels: bool = True):
@@ -102,8 +101,6 @@ class HeadDrafter(Drafter):
             raise ConfigError(f"first_threshold must be in [0, 1), got {first_threshold}")
         self.tree_nodes, self.tree_top_k, self.tree_first = int(tree_nodes), int(tree_top_k), int(tree_first)
         self.first_threshold = float(first_threshold)
-        self.max_candidates = max(1, self.tree_nodes)
-        self.samples_drafts = not self.tree_nodes  # a chain is drawn from the draft law; a tree is deterministic
         self.device, self.dtype = target.device, target.dtype
         # a copy (the caller's module is left as it was) whose linears run as TransposedLinear, as the
         # target's do (``fast_kernels``): a draft step of the shipped head 2.56 against 4.33 ms, the same
@@ -118,7 +115,9 @@ class HeadDrafter(Drafter):
         config = head.config
         self._empty = torch.zeros(config.num_layers, config.num_kv_heads, 0, config.head_dim, dtype=self.dtype,
                                   device=self.device)
-        self.target_hidden_layers = config.feature_layers
+        # a chain is drawn from the draft law; a tree is deterministic
+        self.capabilities = replace(self.capabilities, max_candidates=max(1, self.tree_nodes),
+                                    samples_drafts=not self.tree_nodes, target_hidden_layers=config.feature_layers)
         self._rows: dict[int, _Row] = {}
         self.layer_states = LayerStates(target, config.token_layers) if config.token_layers else None
 
@@ -263,7 +262,7 @@ class HeadDrafter(Drafter):
             if active:
                 for i, paths in zip(active, self._draft_tree([requests[i] for i in active], first)):
                     trees[i] = paths
-            return Draft.from_chains(trees, num_chains=self.max_candidates)
+            return Draft.from_chains(trees, num_chains=self.capabilities.max_candidates)
         chains: list[list[int]] = [[] for _ in requests]
         laws: list[list[torch.Tensor]] = [[] for _ in requests]
         if active:

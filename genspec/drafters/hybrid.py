@@ -6,12 +6,13 @@ embedded model a 4-token match starts a correct draft 0.92 of the time, a 1-toke
 about as often wherever the text goes. So each step, each row takes lookup's proposal when it matched
 at least ``min_match`` tokens, and the head's otherwise.
 
-The hybrid is a free drafter whose :attr:`~genspec.drafters.base.Drafter.fallback` is the head: the engine
-sees lookup's proposal and its evidence before it plans (so a long match is drafted long, as lookup alone
-would be, up to the lookup's own depth: 24 for ``suffix``), plans the other rows at the head's cost under
-the evidence grade ``"head"`` (the policy learns the head's acceptance apart from lookup's), and asks the
-head only for those rows. The head reads every step's target hidden states either way (they come with the
-free proposal), so its cache stays in step.
+The hybrid is a composite drafter, free and costly: its offer (:meth:`~genspec.drafters.base.Drafter.offer`)
+holds lookup's proposal and its evidence where the match is strong, so the plan sees them before it decides
+(a long match is drafted long, as lookup alone would be, up to the lookup's own depth: 24 for ``suffix``),
+and a costly draft by the head (its ``fallback``) elsewhere, which the plan prices at the head's cost under
+the evidence grade ``"head"`` (the policy learns the head's acceptance apart from lookup's); the head then
+drafts only those rows. The target's hidden states reach the head with its drafts (the engine keeps them
+until then), so its features stay complete.
 
 A weak match is not worthless, only worse than the head on average: where lookup matched fewer than
 ``min_match`` tokens (but some), its best chain joins the head's tree as one more candidate
@@ -20,7 +21,9 @@ keeps whichever path it agrees with (several drafts verified together).
 """
 from __future__ import annotations
 
-from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
+from dataclasses import replace
+
+from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftOffer, DraftRequest, RequestContext
 from genspec.drafters.head import DEFAULT_TREE_FIRST, DEFAULT_TREE_NODES, HeadDrafter
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.drafters.suffix import SuffixDrafter
@@ -56,13 +59,10 @@ class HeadAndWeakLookup(Drafter):
     chains) has no room for a point-mass candidate and is left as the head made it."""
 
     name = "head+weak-lookup"
-    free = False
 
     def __init__(self, head: HeadDrafter):
         self.head = head
-        self.max_candidates = head.max_candidates + 1
-        self.samples_drafts = head.samples_drafts
-        self.draft_cost_prior = head.draft_cost_prior
+        self.capabilities = replace(head.capabilities, max_candidates=head.capabilities.max_candidates + 1)
         self.weak: dict[int, list[int]] = {}  # request id -> this step's weak lookup chain (set by the hybrid)
 
     def read(self, requests: list[DraftRequest]) -> None:
@@ -86,7 +86,7 @@ class HeadAndWeakLookup(Drafter):
             if extra and not any(path[:len(extra)] == extra for path in paths):
                 paths.append(extra)
             rows.append(paths)
-        return Draft.from_chains(rows, self.max_candidates, list(draft.evidence) if draft.evidence else None)
+        return Draft.from_chains(rows, self.capabilities.max_candidates, list(draft.evidence) if draft.evidence else None)
 
 
 class HybridDrafter(Drafter):
@@ -97,23 +97,24 @@ class HybridDrafter(Drafter):
     it); other options go to the lookup (``max_ngram`` for prompt lookup, ``factor``, ``num_candidates``, ... for suffix)."""
 
     name = "hybrid"
-    free = True
-    reads_target_hidden = True
 
     def __init__(self, lookup: Drafter, head: HeadDrafter, min_match: int = 3, merge_weak: bool = MERGE_WEAK):
         if int(min_match) != min_match or min_match < 1:
             raise ConfigError(f"min_match must be an integer >= 1, got {min_match}")
-        if not lookup.free:
+        if not lookup.capabilities.free:
             raise ConfigError(f"the hybrid's lookup must be a free drafter; {lookup.name!r} is not")
         if not isinstance(merge_weak, bool):
             raise ConfigError(f"merge_weak must be true or false, got {merge_weak!r}")
         self.lookup, self.head, self.min_match = lookup, head, int(min_match)
         self.merger = HeadAndWeakLookup(head) if merge_weak else None
-        self.fallback = self.merger or head
-        self.max_candidates = max(lookup.max_candidates, self.fallback.max_candidates)
-        self.samples_drafts = head.samples_drafts
-        self.default_draft_tokens = lookup.default_draft_tokens
-        self.target_hidden_layers = head.target_hidden_layers  # the head's: they reach it with this proposal
+        self.fallback = self.merger or head  # drafts the rows lookup leaves
+        costly = self.fallback.capabilities
+        # the head's hidden states (with its layers): they reach it with its drafts
+        self.capabilities = DrafterCapabilities(
+            free=True, costly=True, draft_cost_prior=costly.draft_cost_prior,
+            default_draft_tokens=lookup.capabilities.default_draft_tokens,
+            max_candidates=max(lookup.capabilities.max_candidates, costly.max_candidates), reads_target_hidden=True,
+            target_hidden_layers=costly.target_hidden_layers, samples_drafts=costly.samples_drafts)
 
     @classmethod
     def for_target(cls, target, path: str | None = None, lookup: str = DEFAULT_LOOKUP, min_match: int = 3,
@@ -134,16 +135,29 @@ class HybridDrafter(Drafter):
         self.lookup.finish(request_ids)
         self.head.finish(request_ids)
 
-    def propose(self, requests: list[DraftRequest]) -> Draft:
-        """Lookup's proposal where it matched ``min_match`` tokens or more, an empty row (evidence
-        ``"head"``) for the engine to hand to the fallback elsewhere (with ``merge_weak`` the fallback
-        learns this step's weaker lookup chains here). The head reads the new hidden states now."""
-        self.head.propose([DraftRequest(r.request_id, r.sequence, 0, r.hidden) for r in requests])
-        looked = self.lookup.propose([DraftRequest(r.request_id, r.sequence, r.max_tokens) for r in requests])
+    def offer(self, requests: list[DraftRequest]) -> DraftOffer:
+        """Lookup's proposal where it matched ``min_match`` tokens or more; elsewhere a costly draft by the
+        fallback (evidence ``"head"``; with ``merge_weak`` the fallback learns this step's weaker lookup chains
+        here)."""
+        looked = self.lookup.propose(requests)
         strong = [(looked.evidence_of(i) or 0) >= self.min_match for i in range(len(requests))]
         if self.merger is not None:
             self.merger.weak = {r.request_id: looked.first_chain(i) for i, r in enumerate(requests) if not strong[i]}
-        rows = [looked.rows([i]) if s else Draft.empty(1) for i, s in enumerate(strong)]
-        draft = Draft.stack(rows)
+        draft = Draft.stack([looked.rows([i]) if s else Draft.empty(1) for i, s in enumerate(strong)])
         evidence = tuple(looked.evidence_of(i) if s else HEAD_EVIDENCE for i, s in enumerate(strong))
-        return Draft(draft.tokens, draft.lengths, draft.probs, evidence)
+        # a strong match with nothing to copy is drafted too (under the match's grade)
+        costly = tuple(not (s and p) for s, p in zip(strong, draft.proposed()))
+        return DraftOffer(Draft(draft.tokens, draft.lengths, draft.probs, evidence), costly)
+
+    # the rows offered as costly are the fallback's: it reads, drafts, prices and catches up
+    def read(self, requests: list[DraftRequest]) -> None:
+        self.fallback.read(requests)
+
+    def propose(self, requests: list[DraftRequest]) -> Draft:
+        return self.fallback.propose(requests)
+
+    def block_tokens(self, depth: int) -> int:
+        return self.fallback.block_tokens(depth)
+
+    def catch_up_tokens(self, request_id: int, sequence: list[int]) -> int:
+        return self.fallback.catch_up_tokens(request_id, sequence)

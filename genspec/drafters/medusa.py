@@ -10,9 +10,11 @@ fixed).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from genspec.drafters.base import Draft, Drafter, DraftRequest, RequestContext
+from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext
 from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TreeNode, best_paths, chains_draft, draw, load_for_target,
                                       tree_block)
 from genspec.errors import ConfigError
@@ -24,16 +26,15 @@ class MedusaDrafter(Drafter):
     ``tree_nodes`` (0: a chain) and ``tree_top_k``."""
 
     name = "medusa"
-    free = False
-    reads_target_hidden = True
-    draft_cost_prior = FEATURE_HEAD_COST_PRIOR
+    capabilities = DrafterCapabilities(reads_target_hidden=True, draft_cost_prior=FEATURE_HEAD_COST_PRIOR)
 
     def __init__(self, target, heads: MedusaHeads, vocab_ids: list[int], tree_nodes: int = 0, tree_top_k: int = 4):
         if int(tree_nodes) != tree_nodes or tree_nodes < 0 or int(tree_top_k) != tree_top_k or tree_top_k < 1:
             raise ConfigError(f"tree_nodes must be an integer >= 0 and tree_top_k >= 1, got {tree_nodes}, {tree_top_k}")
         self.tree_nodes, self.tree_top_k = int(tree_nodes), int(tree_top_k)
-        self.max_candidates = max(1, self.tree_nodes)
-        self.samples_drafts = not self.tree_nodes  # a chain is drawn from the draft law; a tree is deterministic
+        # a chain is drawn from the draft law; a tree is deterministic
+        self.capabilities = replace(self.capabilities, max_candidates=max(1, self.tree_nodes),
+                                    samples_drafts=not self.tree_nodes)
         self.dtype = target.dtype
         self.heads = heads.to(target.device, self.dtype).eval()
         self.vocab = torch.as_tensor(vocab_ids, dtype=torch.long, device=target.device)
@@ -73,7 +74,7 @@ class MedusaDrafter(Drafter):
             self._see(request.request_id, request.hidden, len(request.sequence) - 1)
         active = [i for i, r in enumerate(requests)
                   if r.max_tokens > 0 and self._rows[r.request_id][1] == len(r.sequence) - 1 >= 1]
-        width = self.max_candidates
+        width = self.capabilities.max_candidates
         if not active:
             return Draft.from_chains([[] for _ in requests], num_chains=width)
         rows = [self._rows[requests[i].request_id] for i in active]

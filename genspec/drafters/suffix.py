@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from genspec.drafters.base import RequestContext
+from genspec.drafters.base import DrafterCapabilities, RequestContext
 from genspec.drafters.candidates import CandidateDrafter, check_candidates
 from genspec.drafters.ngram_cache import tokenizer_namespace
 from genspec.drafters.ngrams import common_prefix_length, hash_columns, hash_ngram
@@ -336,7 +336,7 @@ class SuffixDrafter(CandidateDrafter):
     #: what does not pay. At 8 it drew 2.94x plain on repeated traffic against 3.69x at 24 (the
     #: measured prompts: a check of SuffixDecoding's default, not a tuning; ``genspec bench --methods
     #: "suffix:k=8,suffix:k=24" --categories repeated --num-prompts 2 --repeats 2``)
-    default_draft_tokens = 24
+    capabilities = DrafterCapabilities(free=True, default_draft_tokens=24)
 
     def __init__(self, num_candidates: int = 2, sampled_candidates: int = 4, max_nodes: int = DEFAULT_MAX_NODES,
                  min_prob: float = 0.1, factor: float = 2.0, max_match: int = 32, max_scan: int = 256,

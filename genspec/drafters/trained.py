@@ -14,7 +14,7 @@ from genspec.speculators.store import load_head, target_fingerprint
 
 
 #: the assumed time per draft position of a head on the target's features (head, medusa, hybrid) until the
-#: engine measures it (:attr:`genspec.drafters.base.Drafter.draft_cost_prior`): one small layer or a few
+#: engine measures it (:attr:`genspec.drafters.base.DrafterCapabilities.draft_cost_prior`): one small layer or a few
 #: residual blocks and a truncated head cost a few hundredths of a plain step; 0.1 errs on the dear side
 FEATURE_HEAD_COST_PRIOR = 0.1
 

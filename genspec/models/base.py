@@ -24,10 +24,17 @@ class PrefixKV:
     hidden: torch.Tensor
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    valid: torch.Tensor | None = None  # [B, n]: the block's real tokens it was computed for (None: any)
 
     @property
     def num_layers(self) -> int:
         return len(self.keys)
+
+    def fits(self, valid: torch.Tensor, tree_mask: torch.Tensor | None) -> bool:
+        """Whether these layers are those of a chain block with real tokens ``valid`` ``[B, n]``: a target
+        runs every layer of a block they do not fit (another batch, width or shape)."""
+        return (tree_mask is None and tuple(self.hidden.shape[:2]) == tuple(valid.shape)
+                and (self.valid is None or torch.equal(self.valid.to(valid.device), valid)))
 
 
 class CausalLM(ABC):
@@ -101,7 +108,8 @@ class CausalLM(ABC):
         ancestor or itself); default causal (a chain). Token i's position is the row's length plus its
         depth (number of new ancestors, itself excluded). With ``last_only`` the logits are
         ``[B, 1, V]`` for each row's last valid token. ``prefix``: the block's first layers, computed
-        by an early-exit draft (see :meth:`prefix_for`); only models that support it accept one.
+        by an early-exit draft (see :meth:`prefix_for`); only models that support it accept one, and they
+        run every layer where it does not fit the block (:meth:`PrefixKV.fits`).
         """
 
     @abstractmethod
@@ -125,6 +133,12 @@ class CausalLM(ABC):
         """Keep only the first ``lengths[b]`` tokens of row b (``lengths`` ``[B]``)."""
 
     # ------------------------------------------------------------------ prefix reuse (early exit)
+    @property
+    def prefix_source(self) -> "CausalLM | None":
+        """The target whose first layers this (draft) model is, to which it can hand a :class:`PrefixKV`
+        (early exit), or None."""
+        return None
+
     def shares_prefix_with(self, target: "CausalLM") -> bool:
         """True if this (draft) model is ``target``'s first layers and can hand it a :class:`PrefixKV`."""
         return False

@@ -407,6 +407,9 @@ class HFCausalLM(CausalLM):
         With ``prefix`` the first layers come ready-made (see :class:`PrefixKV`); with ``layers``, those
         layers' outputs follow the final states along the last axis (see :meth:`CausalLM.forward`)."""
         layers = tuple(layers)
+        if prefix is not None and not prefix.fits(torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid,
+                                                  tree_mask):
+            prefix = None  # another block than the one the draft computed: every layer runs
         if layers and (prefix is not None or not all(0 < layer < len(self._decoder.layers) for layer in layers)):
             raise ConfigError(f"hidden states of layers {list(layers)} are not available from this "
                               f"{len(self._decoder.layers)}-layer model" + (" with a prefix" if prefix is not None else ""))

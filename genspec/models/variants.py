@@ -71,6 +71,10 @@ class EarlyExitModel(HFCausalLM):
                     del record[position]
         return hidden, valid
 
+    @property
+    def prefix_source(self) -> CausalLM:
+        return self.source
+
     def shares_prefix_with(self, target: CausalLM) -> bool:
         return target is self.source
 
@@ -95,7 +99,7 @@ class EarlyExitModel(HFCausalLM):
             index = slots[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             keys.append(layer.keys.gather(2, index))
             values.append(layer.values.gather(2, index))
-        return PrefixKV(hidden, keys, values)
+        return PrefixKV(hidden, keys, values, valid.clone())
 
 
 def layer_skip(target: HFCausalLM, skip: list[int], vocab_subset: torch.Tensor | None = None) -> HFCausalLM:
