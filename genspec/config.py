@@ -88,7 +88,7 @@ class GenerationConfig:
     seeded request then gives the same tokens under every draft-length policy, whatever its drafter
     (:mod:`genspec.randomness`), for a lower acceptance than the standard rule's 1 - TV. "auto" (the
     default) is "coupled" for a seeded, sampled, lossless request whose drafter samples its drafts
-    (``Drafter.samples_drafts``) and "overaccept" otherwise (:meth:`resolved`; the stats report the rule
+    (``DrafterCapabilities.samples_drafts``) and "overaccept" otherwise (:meth:`resolved`; the stats report the rule
     used). ``epsilon > 0``, or ``residual`` "uno" (resample from q, biased even at eps 0),
     or ``rule`` "typical" (Medusa: keep y iff q(y) > min(eps, delta exp(-H(q)))) are lossy: the output
     no longer has the target's law (:attr:`lossless` False, reported in the stats). Lossy rules need

@@ -119,7 +119,7 @@ class DraftHead(nn.Module):
 
     With ``config.feature_layers`` a committed pair's first part fuses the target's final feature with the
     outputs of those of its layers (EAGLE-3: ``Linear(concat(RMSNorm(part)))``, the engine hands them over,
-    :attr:`genspec.drafters.base.Drafter.target_hidden_layers`); a drafted pair, where the target never ran,
+    :attr:`genspec.drafters.base.DrafterCapabilities.target_hidden_layers`); a drafted pair, where the target never ran,
     reads the head's own predicted feature instead, so such a head too trains committed and drafted pairs
     apart. Same data and 600 steps, the final feature fused with layers 2, 8 and 13 lifts held-out top-1
     agreement from 0.426 to 0.454 (``python benchmarks/heads/head_inputs.py``, variants ``final+embedding`` and
