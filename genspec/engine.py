@@ -22,235 +22,27 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 
 import torch
 
-from genspec.acceptance import Candidates, Rule, RuleKind, Verdict, verify
+from genspec import drafting
+from genspec.acceptance import Candidates, Verdict, verify
 from genspec.checks import integer
 from genspec.config import GenerationConfig, with_overrides  # noqa: F401 (GenerationConfig: re-exported)
-from genspec.draft_length import AcceptanceMemory, CostModel, DraftCost, DraftLength, RowPlan, decide
-from genspec.drafters.base import (DEFAULT_DRAFT_TOKENS, Draft, DraftBlock, Drafter, DraftOffer, DraftRequest,
-                                   RequestContext)
-from genspec.errors import ConfigError, ContextLengthError, GenerationError, GenspecError, NumericalError
+from genspec.draft_length import AcceptanceMemory, CostModel, DraftCost, RowPlan, decide
+from genspec.drafters.base import DEFAULT_DRAFT_TOKENS, Draft, Drafter, DraftOffer, RequestContext
+from genspec.drafting import unusable_rows
+from genspec.errors import ConfigError, GenerationError, GenspecError, NumericalError
 from genspec.models.base import CausalLM
-from genspec.randomness import RequestRandomness, block_noise
+from genspec.randomness import block_noise
+# the records are part of the engine's API: ``from genspec.engine import StepRecord`` keeps working
+from genspec.records import RequestResult, RequestStats, RequestStep, StepRecord, visible_text  # noqa: F401
+from genspec.requests import (Group, Request, by_drafter, check_prompt, encode_prompts, group_rule, hidden_layers_of,
+                              own_hidden)
 from genspec.sampling import block_seen_mask, seen_mask
-from genspec.theory.pareto import StepStatistics, chain_step_statistics
+from genspec.theory.pareto import chain_step_statistics
 
 NO_DRAFTER = "none"
-
-
-@dataclass
-class RequestStats:
-    """Per-request statistics. The key names of :meth:`as_dict` are a stable interface."""
-
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    target_calls: int = 0
-    new_tokens: int = 0
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
-    total_time_s: float = 0.0
-    accepted_length_histogram: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
-    drafted_per_position: list[int] = field(default_factory=list)
-    acceptance: dict | None = None  # GenerationConfig.acceptance of the request
-    bias: StepStatistics | None = None  # sums over judged positions, with GenerationConfig.measure_bias
-    bias_time_s: float = 0.0  # time spent measuring them (inside total_time_s)
-
-    def record(self, drafted: int, accepted: int, depth: int | None = None) -> None:
-        """One target call that verified ``drafted`` draft tokens (``depth`` positions deep; a chain's
-        depth is its length) and kept ``accepted``."""
-        depth = drafted if depth is None else depth
-        self.target_calls += 1
-        self.drafted_tokens += drafted
-        self.accepted_tokens += accepted
-        self.accepted_length_histogram.extend([0] * (accepted + 1 - len(self.accepted_length_histogram)))
-        self.accepted_length_histogram[accepted] += 1
-        for counts, upto in ((self.drafted_per_position, depth), (self.accepted_per_position, accepted)):
-            counts.extend([0] * (upto - len(counts)))
-            for i in range(upto):
-                counts[i] += 1
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per target call: 1 + accepted / target calls (vLLM's definition)."""
-        return 1.0 + self.accepted_tokens / self.target_calls if self.target_calls else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "acceptance_rate": self.acceptance_rate,
-            "mean_accepted_length": self.mean_accepted_length,
-            "accepted_length_histogram": list(self.accepted_length_histogram),
-            "target_calls": self.target_calls,
-            "draft_time_s": self.draft_time_s,
-            "verify_time_s": self.verify_time_s,
-            "total_time_s": self.total_time_s,
-            "tokens_per_second": self.tokens_per_second,
-            "new_tokens": self.new_tokens,
-            "acceptance_per_position": [a / d if d else 0.0 for a, d in
-                                        zip(self.accepted_per_position, self.drafted_per_position)],
-            "acceptance": self.acceptance,
-            "bias": None if self.bias is None else {**self.bias.means(), "measure_time_s": self.bias_time_s},
-        }
-
-
-@dataclass
-class RequestResult:
-    """One finished request: its new tokens, and their text (with a tokenizer) ending before the stop
-    string that stopped it (:func:`visible_text`)."""
-
-    token_ids: list[int]
-    stats: RequestStats
-    finish_reason: str  # "length", "eos", "stop", "cancelled" or "error"
-    text: str | None = None
-
-
-def visible_text(text: str, stop_strings: tuple[str, ...], finished: bool) -> str:
-    """The part of a request's generated ``text`` its caller is shown: up to the first stop string, not
-    including it (OpenAI's convention). While the request runs (not ``finished``), also without a
-    trailing incomplete character (a multi-byte character whose rest is to come) or a trailing piece
-    that may yet begin a stop string, so that text once shown is never taken back."""
-    cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=-1)
-    if cut >= 0:
-        return text[:cut]
-    if not finished:
-        text = text.rstrip("\ufffd")
-        hold = max((k for s in stop_strings for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        text = text[:len(text) - hold]
-    return text
-
-
-@dataclass
-class RequestStep:
-    """What one step did for one request. ``new_tokens[:accepted]`` are accepted draft tokens, the
-    token after them (if kept) the target's own; ``accepted_per_position`` says, per draft depth,
-    whether that position was accepted. ``finish_reason`` is None while the request runs ("length",
-    "eos", "stop", "cancelled", or "error" with ``error`` saying what failed). ``stats`` are the
-    request's running totals (final once it finished)."""
-
-    new_tokens: list[int]
-    drafted: int
-    accepted: int
-    accepted_per_position: list[bool]
-    finish_reason: str | None
-    stats: RequestStats
-    evidence: object = None
-    error: str | None = None
-
-
-@dataclass
-class StepRecord:
-    """One :meth:`SpeculativeEngine.step`: per request its :class:`RequestStep`, and the step's times.
-
-    ``prefill_time_s``: joining requests' prefills; ``draft_time_s``: the drafters' ``propose`` calls;
-    ``target_time_s``: the target's pass over the verify block (``block_width`` tokens per row,
-    ``batch_size`` rows); ``verify_time_s``: that pass plus the acceptance rule; ``outside_model_time_s``:
-    the step's time outside model forward passes (engine bookkeeping, model-free drafting);
-    ``total_time_s``: the whole step.
-    """
-
-    requests: dict[int, RequestStep] = field(default_factory=dict)
-    batch_size: int = 0
-    block_width: int = 0
-    joined: list[int] = field(default_factory=list)
-    prefill_time_s: float = 0.0
-    draft_time_s: float = 0.0
-    draft_model_time_s: float = 0.0
-    target_time_s: float = 0.0
-    verify_time_s: float = 0.0
-    outside_model_time_s: float = 0.0
-    total_time_s: float = 0.0
-
-
-def _group_rule(requests: list[_Request]) -> Rule:
-    """The rule a group's rows that are not coupled follow, with each row's epsilon and delta: lossless rows
-    (standard and coupled share a group, :meth:`_Request.group`) follow the standard rule, lossy groups
-    their own."""
-    rules = [r.config.acceptance_rule for r in requests]
-    return Rule.batch([Rule(delta=rule.delta) if rule.lossless else rule for rule in rules])
-
-
-class _Request:
-    """Book-keeping of one request."""
-
-    def __init__(self, request_id: int, prompt: list[int], config: GenerationConfig, drafter: Drafter | None,
-                 drafter_name: str, costs: CostModel, draft_cost: DraftCost | None, eos: set[int], sample_index: int,
-                 memory: AcceptanceMemory | None = None):
-        self.id = request_id
-        self.prompt = list(prompt)
-        self.config = config
-        self.sampling = config.sampling
-        self.drafter = drafter
-        self.drafter_name = drafter_name
-        capabilities = drafter.capabilities if drafter is not None else None
-        self.policy = (DraftLength(config.draft_length, config.num_draft_tokens, costs, draft_cost, memory=memory,
-                                   probe_tokens=drafter.block_tokens(1) if capabilities.costly else 1)  # what a probe drafts
-                       if drafter else None)
-        self.random = RequestRandomness(config.seed, sample_index, capabilities.max_candidates if drafter else 1)
-        self.eos = eos
-        self.generated: list[int] = []
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.exception: Exception | None = None  # why it failed (finish_reason "error")
-        self.stats = RequestStats(acceptance=config.acceptance,
-                                  bias=StepStatistics.zero() if config.measure_bias else None)
-        self.started_at = 0.0
-        self.reads_hidden = drafter is not None and capabilities.reads_target_hidden
-        self.hidden_layers = capabilities.target_hidden_layers if self.reads_hidden else ()  # beyond the final states
-        self.coupled = config.acceptance_rule.kind is RuleKind.COUPLED and not self.sampling.greedy  # the coupled rule verifies it
-        self.pending_hidden: list[torch.Tensor] = []  # the target's hidden states not yet handed to the drafter
-
-    @property
-    def sequence(self) -> list[int]:
-        return self.prompt + self.generated
-
-    def fail(self, exception: Exception) -> None:
-        """The request ends with ``finish_reason`` "error"; nothing of the current step is kept."""
-        self.finish_reason, self.exception = "error", exception
-        self.error = str(exception) if isinstance(exception, GenspecError) else f"{type(exception).__name__}: {exception}"
-
-    def take_hidden(self) -> torch.Tensor | None:
-        """The target's hidden states of the tokens committed since the drafter last saw any (None when
-        the drafter does not read them)."""
-        if not self.reads_hidden:
-            return None
-        hidden, self.pending_hidden = self.pending_hidden, []
-        return torch.cat(hidden) if len(hidden) > 1 else hidden[0] if hidden else None
-
-    @property
-    def group(self) -> tuple:
-        """Rows verified together: one drafter, and lossless rows (standard and coupled: ``verify`` takes a
-        per-row mask) apart from each lossy (rule, residual)."""
-        rule = self.config.acceptance_rule
-        return self.drafter_name, (None if rule.lossless else (rule.kind, rule.residual))
-
-
-@dataclass
-class _Group:
-    """The running requests of one drafter in one step: its offer, their draft and what the target said of it."""
-
-    rows: list[int]  # indices into the running batch
-    requests: list[_Request]
-    offer: DraftOffer
-    draft: Draft | None = None
-    block: DraftBlock | None = None
-    verdict: Verdict | None = None
-
-    @property
-    def drafter(self) -> Drafter | None:
-        return self.requests[0].drafter
 
 
 class SpeculativeEngine:
@@ -288,9 +80,9 @@ class SpeculativeEngine:
                             for name, d in self.drafters.items() if d.capabilities.costly}
         # what each drafter's proposals achieved in earlier requests, greedy and sampled apart
         self.acceptance_memory = {(name, greedy): AcceptanceMemory() for name in self.drafters for greedy in (True, False)}
-        self._waiting: list[_Request] = []
-        self._running: list[_Request] = []  # in the target's row order
-        self._cancelled: list[_Request] = []
+        self._waiting: list[Request] = []
+        self._running: list[Request] = []  # in the target's row order
+        self._cancelled: list[Request] = []
         # requests of generate / stream calls -> their steps not yet read by that call: whichever call steps
         # the engine, each request's steps reach its own reader (a paused stream misses nothing)
         self._inboxes: dict[int, list[tuple[RequestStep, Exception | None]]] = {}
@@ -302,7 +94,7 @@ class SpeculativeEngine:
                     sample_index: int = 0, **overrides) -> int:
         """Queue a request; it joins the batch at the next :meth:`step`. ``sample_index`` picks one of
         the independent random streams of the config's seed (sample i of a seeded ``n``-sample call)."""
-        config = _config(config, overrides)
+        config = with_overrides(config, overrides)
         name = config.drafter if config.drafter is not None else self.default_drafter
         if name != NO_DRAFTER and name not in self.drafters:
             raise ConfigError(f"unknown drafter {name!r} for this engine; it holds: "
@@ -315,11 +107,11 @@ class SpeculativeEngine:
         if config.measure_bias and drafter is not None and capabilities.max_candidates > 1:
             raise ConfigError(f"bias is measured on chain drafts only; drafter {name!r} drafts trees of up to "
                               f"{capabilities.max_candidates} candidates")
-        prompt_ids = self._check_prompt(prompt_ids)
+        prompt_ids = check_prompt(self.target, prompt_ids)
         config = config.resolved(drafter is not None and capabilities.samples_drafts,
                                  capabilities.default_draft_tokens if drafter is not None else DEFAULT_DRAFT_TOKENS)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
-        request = _Request(next(self._ids), prompt_ids, config, drafter, name, self.costs, self.draft_costs.get(name),
+        request = Request(next(self._ids), prompt_ids, config, drafter, name, self.costs, self.draft_costs.get(name),
                            eos, sample_index, self.acceptance_memory.get((name, config.sampling.greedy)))
         self._waiting.append(request)
         return request.id
@@ -378,10 +170,10 @@ class SpeculativeEngine:
         uses the seed's i-th random stream. A request that fails (its drafter raised, or NaN / inf
         logits) raises :class:`~genspec.errors.GenerationError` (or its subclass
         :class:`~genspec.errors.NumericalError`), and the call's other requests are cancelled."""
-        config = _config(config, overrides)
+        config = with_overrides(config, overrides)
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Iterable):
             raise ConfigError(f"prompts must be a list of token-id lists, got {prompts!r:.60}")
-        prompts = [self._check_prompt(prompt) for prompt in prompts]
+        prompts = [check_prompt(self.target, prompt) for prompt in prompts]
         if not prompts:
             raise ConfigError("no prompts given")
         ids = self._add_own([(p, config, i) for i, p in enumerate(prompts)])
@@ -405,13 +197,13 @@ class SpeculativeEngine:
     def generate(self, prompts: str | list[str], config: GenerationConfig | None = None,
                  **overrides) -> list[RequestResult]:
         """Generate from text prompts (needs a tokenizer). ``prompts`` may be one string."""
-        return self.generate_ids(self._encode(prompts), config, **overrides)
+        return self.generate_ids(encode_prompts(self.tokenizer, prompts), config, **overrides)
 
     def stream(self, prompt: str, config: GenerationConfig | None = None, **overrides) -> Iterator[str]:
         """Yield the text of one request in chunks, as tokens are accepted. Streams and ``generate`` calls
         may interleave on one engine: each reads only its own request's steps, whoever ran them."""
-        config = _config(config, overrides)
-        request_id = self._add_own([(self._encode(prompt)[0], config, 0)])[0]
+        config = with_overrides(config, overrides)
+        request_id = self._add_own([(encode_prompts(self.tokenizer, prompt)[0], config, 0)])[0]
         tokens, shown, done = [], "", False
         try:
             while not done:
@@ -472,13 +264,13 @@ class SpeculativeEngine:
         if not joining:
             return
         started = time.perf_counter()
-        layers = _hidden_layers(joining)
+        layers = hidden_layers_of(joining)
         hidden = self.target.add_rows([r.prompt[:-1] for r in joining],
                                       return_hidden=any(r.reads_hidden for r in joining), hidden_layers=layers)
         self.costs.observe_prefill(sum(len(r.prompt) - 1 for r in joining), time.perf_counter() - started)
-        hidden_of = ({r.id: _own_hidden(h, layers, r.hidden_layers) for r, h in zip(joining, hidden)}
+        hidden_of = ({r.id: own_hidden(h, layers, r.hidden_layers) for r, h in zip(joining, hidden)}
                      if hidden is not None else {})
-        for drafter, requests in _by_drafter(joining):
+        for drafter, requests in by_drafter(joining):
             drafter.start([RequestContext(r.id, list(r.prompt), r.sampling, r.random.draft_generator,
                                           dict(r.config.drafter_options), hidden_of.get(r.id) if r.reads_hidden else None,
                                           r.random if r.coupled else None)
@@ -489,7 +281,7 @@ class SpeculativeEngine:
         record.joined = [r.id for r in joining]
         record.prefill_time_s = time.perf_counter() - started
 
-    def _draft(self, record: StepRecord) -> list[_Group]:
+    def _draft(self, record: StepRecord) -> list[Group]:
         """Every running request's draft, its length planned for the whole batch: each drafter offers its
         rows (free tokens, or a costly draft to come), the plan decides every row's length
         (``draft_length.decide``), then free proposals are cut to it and costly rows drafted."""
@@ -503,7 +295,7 @@ class SpeculativeEngine:
             offer = DraftOffer.free(Draft.empty(len(rows)))  # no drafter: nothing to draft
             if drafter is not None:
                 started = time.perf_counter()
-                offer = self._offer(drafter, requests, room)
+                offer = drafting.offer(drafter, requests, room)
                 record.draft_time_s += time.perf_counter() - started
                 for i, (row, request) in enumerate(zip(rows, requests)):
                     costly = offer.costly[i]
@@ -512,13 +304,13 @@ class SpeculativeEngine:
                         self.draft_costs[request.drafter_name] if costly else None,
                         drafter.block_tokens if costly else None, room[i],
                         lambda r=request: r.drafter.catch_up_tokens(r.id, r.sequence))
-            groups.append(_Group(rows, requests, offer))
+            groups.append(Group(rows, requests, offer))
         planned = decide(rows_plan, self.costs)
         for group in groups:
             group.draft = self._draft_planned(group, [planned[row] for row in group.rows], record)
         return groups
 
-    def _draft_planned(self, group: _Group, planned: list[int], record: StepRecord) -> Draft:
+    def _draft_planned(self, group: Group, planned: list[int], record: StepRecord) -> Draft:
         """The group's draft of the planned lengths: its free proposals cut to them, and its costly rows drafted
         (if any drafts), their time measured."""
         offer, draft = group.offer, group.offer.proposal.clipped(planned)
@@ -527,7 +319,7 @@ class SpeculativeEngine:
             return draft
         requests = [group.requests[i] for i in costly]
         started = time.perf_counter()
-        drafted, reading = self._propose(group.drafter, requests, [planned[i] for i in costly])
+        drafted, reading = drafting.propose(group.drafter, requests, [planned[i] for i in costly])
         seconds = time.perf_counter() - started
         self.draft_costs[requests[0].drafter_name].observe(max(planned[i] for i in costly), seconds - reading, reading)
         record.draft_model_time_s += seconds
@@ -537,33 +329,7 @@ class SpeculativeEngine:
         at = {i: j for j, i in enumerate(costly)}
         return Draft.stack([drafted.rows([at[i]]) if i in at else draft.rows([i]) for i in range(offer.batch)])
 
-    @staticmethod
-    def _offer(drafter: Drafter, requests: list[_Request], room: list[int]) -> DraftOffer:
-        """The drafter's offer for these requests (a failing one's offers nothing, :meth:`_guarded`)."""
-        rows = [DraftRequest(r.id, r.sequence, n) for r, n in zip(requests, room)]
-        offer, _ = _guarded(drafter, requests, rows, drafter.offer, DraftOffer.stack,
-                            DraftOffer.free(Draft.empty(1)))
-        kept = _usable(drafter, requests, offer.proposal)
-        return offer if kept is offer.proposal else DraftOffer(kept, offer.costly)
-
-    @staticmethod
-    def _propose(drafter: Drafter, requests: list[_Request], limits: list[int]) -> tuple[Draft, float]:
-        """The drafter's costly draft for these requests, and the seconds its reading took (:meth:`Drafter.read`,
-        timed apart: the draft-length policy prices it per draft, not per position)."""
-        rows = [DraftRequest(r.id, r.sequence, n, r.take_hidden()) for r, n in zip(requests, limits)]
-        reading = 0.0
-
-        def draft(part: list[DraftRequest]) -> Draft:
-            nonlocal reading
-            started = time.perf_counter()
-            drafter.read(part)
-            reading = time.perf_counter() - started
-            return drafter.propose(part)
-
-        drafted, whole = _guarded(drafter, requests, rows, draft, Draft.stack, Draft.empty(1))
-        return _usable(drafter, requests, drafted), reading if whole else 0.0
-
-    def _verify(self, groups: list[_Group], record: StepRecord) -> None:
+    def _verify(self, groups: list[Group], record: StepRecord) -> None:
         """One target pass over every row's block, then each group's acceptance rule."""
         for group in groups:
             group.block = group.draft.block([r.sequence[-1] for r in group.requests], [True] * len(group.rows))
@@ -584,7 +350,7 @@ class SpeculativeEngine:
         # target runs every layer where they do not fit)
         prefix = groups[0].draft.prefix if len(groups) == 1 else None
         reads_hidden = any(r.reads_hidden for g in groups for r in g.requests)
-        layers = _hidden_layers([r for g in groups for r in g.requests])
+        layers = hidden_layers_of([r for g in groups for r in g.requests])
         logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix, return_hidden=reads_hidden,
                                      hidden_layers=layers)
         if reads_hidden:
@@ -604,7 +370,7 @@ class SpeculativeEngine:
             group.verdict = self._accept(group, logits[torch.tensor(group.rows), :group.block.tokens.shape[1]])
             for request, row, path in zip(group.requests, group.rows, group.verdict.path):
                 if request.reads_hidden:  # the kept path's states: those of the tokens now committed
-                    request.pending_hidden.append(_own_hidden(hidden[row, path[path >= 0]], layers, request.hidden_layers))
+                    request.pending_hidden.append(own_hidden(hidden[row, path[path >= 0]], layers, request.hidden_layers))
         record.verify_time_s = time.perf_counter() - started
         record.batch_size, record.block_width = batch, width
         if (batch, width) in self._timed_shapes:
@@ -619,21 +385,21 @@ class SpeculativeEngine:
                 self._measure_bias(group)
 
     @staticmethod
-    def _measure_bias(group: _Group) -> None:
+    def _measure_bias(group: Group) -> None:
         """Add the rule's exact statistics at this step's judged draft positions (``genspec.theory.pareto``)
         to the stats of the group's requests that measure them."""
         started = time.perf_counter()
         totals = chain_step_statistics(
             group.draft.tokens[:, 0], None if group.draft.probs is None else group.draft.probs[:, 0],
             group.verdict.target_probs, group.verdict.accepted_length, group.block.lengths[:, 0],
-            _group_rule(group.requests))
+            group_rule(group.requests))
         seconds = time.perf_counter() - started
         for i, request in enumerate(group.requests):
             if request.config.measure_bias:
                 request.stats.bias.add(totals.row(i))
                 request.stats.bias_time_s += seconds
 
-    def _accept(self, group: _Group, logits: torch.Tensor) -> Verdict:
+    def _accept(self, group: Group, logits: torch.Tensor) -> Verdict:
         """The acceptance rule for one group's rows, each with its own sampling and random stream."""
         requests, block, draft = group.requests, group.block, group.draft
         sampling = [r.sampling for r in requests]
@@ -645,9 +411,9 @@ class SpeculativeEngine:
                             [len(r.generated) for r in requests], [r.coupled for r in requests],
                             draft.width, draft.num_chains, logits.shape[-1])
         return verify(Candidates(draft.tokens, block.lengths, block.node_of, draft.probs), logits, sampling,
-                      _group_rule(requests), noise, seen)
+                      group_rule(requests), noise, seen)
 
-    def _commit(self, groups: list[_Group]) -> None:
+    def _commit(self, groups: list[Group]) -> None:
         """Keep the accepted path of every row in the target's cache; drop the rest of the block."""
         depth = max(g.verdict.path.shape[1] for g in groups)
         keep = torch.full((len(self._running), depth), -1, dtype=torch.long)
@@ -655,7 +421,7 @@ class SpeculativeEngine:
             keep[torch.tensor(group.rows), :group.verdict.path.shape[1]] = group.verdict.path
         self.target.keep_block(keep)
 
-    def _emit(self, groups: list[_Group], record: StepRecord) -> None:
+    def _emit(self, groups: list[Group], record: StepRecord) -> None:
         """Append each row's accepted tokens and its next token; stop checks; statistics; policies."""
         now = time.perf_counter()
         for group in groups:
@@ -686,7 +452,7 @@ class SpeculativeEngine:
                     kept, drafted[i], accepted, [j < accepted for j in range(depths[i])], request.finish_reason,
                     request.stats, evidence)
 
-    def _append(self, request: _Request, tokens: list[int]) -> list[int]:
+    def _append(self, request: Request, tokens: list[int]) -> list[int]:
         """Append tokens, stopping at EOS, a stop string, the token budget or the context; returns the
         tokens kept."""
         before = len(request.generated)
@@ -714,132 +480,27 @@ class SpeculativeEngine:
         request.stats.new_tokens += len(kept)
         return kept
 
-    def _release(self, leaving: list[_Request]) -> None:
+    def _release(self, leaving: list[Request]) -> None:
         """Finished or cancelled requests leave: their target rows are freed, their drafters forget them."""
         if not leaving:
             return
         gone = {r.id for r in leaving}
         self.target.remove_rows([row for row, r in enumerate(self._running) if r.id in gone])
-        for drafter, requests in _by_drafter(leaving):
+        for drafter, requests in by_drafter(leaving):
             drafter.finish([r.id for r in requests])
         self._running = [r for r in self._running if r.id not in gone]
 
     # ------------------------------------------------------------------ helpers
-    def _room(self, request: _Request) -> int:
+    def _room(self, request: Request) -> int:
         """Draft tokens this request may still verify: the budget and the context leave room for them
         and the token after them."""
         budget = request.config.max_new_tokens - len(request.generated) - 1
         return max(0, min(budget, self._context_left(request) - 1))
 
-    def _context_left(self, request: _Request) -> int:
+    def _context_left(self, request: Request) -> int:
         limit = self.target.max_context
         return limit - len(request.prompt) - len(request.generated) if limit is not None else 1 << 30
-
-    def _check_prompt(self, prompt: list[int]) -> list[int]:
-        """``prompt`` as a list of ints, checked: token ids of the target's vocabulary, at least one, fewer
-        than its context holds."""
-        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Iterable):
-            raise ConfigError(f"a prompt must be a list of token ids, got {prompt!r:.60}"
-                              + ("; text prompts go to generate or stream" if isinstance(prompt, str) else ""))
-        prompt = list(prompt)
-        if not all(type(token) is int for token in prompt):  # the common case checked at C speed
-            prompt = [integer("prompt token id", token) for token in prompt]
-        if not prompt:
-            raise ConfigError("empty prompt: give at least one token")
-        vocab = self.target.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ConfigError(f"prompt token ids must be in [0, {vocab}), got {min(prompt)}..{max(prompt)}")
-        limit = self.target.max_context
-        if limit is not None and len(prompt) >= limit:
-            raise ContextLengthError(f"prompt has {len(prompt)} tokens but the model's context is {limit}")
-        return prompt
-
-    def _encode(self, prompts: str | list[str]) -> list[list[int]]:
-        if self.tokenizer is None:
-            raise ConfigError("text prompts need a tokenizer; pass token ids to generate_ids instead")
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        for prompt in prompts:
-            if not isinstance(prompt, str):
-                raise ConfigError(f"a text prompt must be a str, got {prompt!r:.60}; token ids go to generate_ids")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as exc:  # a lone surrogate (e.g. undecodable bytes read with surrogateescape)
-                raise ConfigError(f"the prompt is not valid Unicode text: {exc.object[exc.start]!r} at character "
-                                  f"{exc.start} is a lone surrogate") from None
-        return [self.tokenizer(p)["input_ids"] for p in prompts]
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
-
-def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
-    """Rows of ``scores`` ``[B, ..., V]`` (logits or laws) with a NaN or +inf, or nothing but -inf, at a
-    position where ``valid`` ``[B, ...]`` is True: nothing can be drawn from them. One max over the
-    vocabulary, into which a NaN or +inf propagates (a lone -inf is a masked token and fine). On the
-    embedded model it cost 0.0-3.3% of the target pass it follows (blocks of 1-4 rows x 1-9 tokens,
-    logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
-    benchmarks/costs/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
-    peak = scores.amax(-1)
-    bad = ~torch.isfinite(peak) & valid.to(peak.device)
-    return bad.reshape(bad.shape[0], -1).any(-1).nonzero().flatten().tolist()
-
-
-def _guarded(drafter: Drafter, requests: list[_Request], rows: list[DraftRequest], call, stack, nothing):
-    """``call(rows)`` for the drafter's rows, and whether that one call made it. If it fails, each request is
-    called for alone, and a request whose own call fails fails alone (``finish_reason`` "error"; ``nothing``
-    stands in for its row: it verifies nothing); the rows are then joined with ``stack``."""
-    try:
-        return call(rows), True
-    except Exception:  # noqa: BLE001 - find the request(s) at fault; the others go on
-        parts = []
-        for request, row in zip(requests, rows):
-            try:
-                parts.append(call([row]))
-            except Exception as exc:  # noqa: BLE001 - reported on the request, the engine goes on
-                request.fail(GenerationError(f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"))
-                parts.append(nothing)
-        return stack(parts), False
-
-
-def _usable(drafter: Drafter, requests: list[_Request], draft: Draft) -> Draft:
-    """``draft`` without the rows whose draft law holds NaN or inf: those requests fail (the acceptance rule
-    would not be lossless on them)."""
-    if draft.probs is None:
-        return draft
-    drafted = torch.arange(draft.width) < draft.lengths.unsqueeze(-1)  # [B, M, k]
-    bad = unusable_rows(draft.probs, drafted)
-    for row in bad:
-        requests[row].fail(NumericalError(
-            f"drafter {drafter.name!r}: its draft law contains NaN or inf (computed in "
-            f"{str(draft.probs.dtype).replace('torch.', '')}); nothing can be verified against it"))
-    if bad:
-        draft = draft.clipped([0 if i in bad else n for i, n in enumerate(draft.lengths.amax(1).tolist())])
-    return draft
-
-
-def _by_drafter(requests: list[_Request]) -> list[tuple[Drafter, list[_Request]]]:
-    """The requests that use a drafter, per drafter (requests without one are left out)."""
-    groups: dict[int, tuple[Drafter, list[_Request]]] = {}
-    for request in requests:
-        if request.drafter is not None:
-            groups.setdefault(id(request.drafter), (request.drafter, []))[1].append(request)
-    return list(groups.values())
-
-
-def _hidden_layers(requests: list[_Request]) -> tuple[int, ...]:
-    """The target layers whose states some of these requests' drafters read with the final ones."""
-    return tuple(sorted({layer for r in requests for layer in r.hidden_layers}))
-
-
-def _own_hidden(hidden: torch.Tensor, layers: tuple[int, ...], own: tuple[int, ...]) -> torch.Tensor:
-    """A request's part of hidden states ``[..., H * (1 + len(layers))]`` (final, then ``layers``): the
-    final states, then those of its drafter's layers ``own``."""
-    if tuple(own) == layers:
-        return hidden
-    parts = hidden.chunk(1 + len(layers), dim=-1)
-    return torch.cat([parts[0]] + [parts[1 + layers.index(layer)] for layer in own], -1)
-
-
-def _config(config: GenerationConfig | None, overrides: dict) -> GenerationConfig:
-    return with_overrides(config, overrides)

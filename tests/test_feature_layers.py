@@ -13,7 +13,8 @@ from tiny_models import draft_one_pair, tiny_llama
 
 from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, RequestContext
 from genspec.drafters.head import HeadDrafter
-from genspec.engine import SpeculativeEngine, _own_hidden
+from genspec.engine import SpeculativeEngine
+from genspec.requests import own_hidden
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
 from genspec.speculators.head import DraftHead, HeadConfig
@@ -93,9 +94,9 @@ def test_the_engine_hands_a_drafter_the_layers_it_reads():
 def test_a_request_gets_the_final_states_and_its_own_layers_of_a_wider_pass():
     hidden = torch.arange(2 * 4 * 3, dtype=torch.float64).view(2, 12)  # final, then layers 1, 2, 5 (width 3)
     final, one, two, five = hidden.split(3, dim=-1)
-    assert torch.equal(_own_hidden(hidden, (1, 2, 5), (1, 2, 5)), hidden)
-    assert torch.equal(_own_hidden(hidden, (1, 2, 5), ()), final)
-    assert torch.equal(_own_hidden(hidden, (1, 2, 5), (5, 1)), torch.cat([final, five, one], -1))
+    assert torch.equal(own_hidden(hidden, (1, 2, 5), (1, 2, 5)), hidden)
+    assert torch.equal(own_hidden(hidden, (1, 2, 5), ()), final)
+    assert torch.equal(own_hidden(hidden, (1, 2, 5), (5, 1)), torch.cat([final, five, one], -1))
 
 
 def test_cached_drafting_equals_the_whole_sequence_forward(tiny_target):

@@ -20,7 +20,7 @@ import time
 import torch
 
 import genspec
-from genspec.engine import unusable_rows
+from genspec.drafting import unusable_rows
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
            "Summarize: The council approved the new budget for the library."]

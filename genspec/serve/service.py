@@ -20,7 +20,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from genspec.engine import GenerationConfig, RequestStats, RequestStep, visible_text
+from genspec.config import GenerationConfig
+from genspec.records import RequestStats, RequestStep, visible_text
 from genspec.errors import GenspecError
 from genspec.serve import requests
 from genspec.serve.errors import ended_early

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from genspec.engine import NO_DRAFTER, GenerationConfig, RequestStep, RequestStats, SpeculativeEngine, StepRecord
+from genspec.engine import NO_DRAFTER, GenerationConfig, SpeculativeEngine
+from genspec.records import RequestStats, RequestStep, StepRecord
 from genspec.serve.settings import ServerSettings
 
 #: called in the engine's thread with (request id, step) for every step of a request

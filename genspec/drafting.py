@@ -1,0 +1,81 @@
+"""Calling a drafter for a group of requests: its offer, its costly draft, each checked; a drafter that fails
+(or drafts a law with NaN or inf) fails only the requests at fault, and the others go on."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from genspec.drafters.base import Draft, Drafter, DraftOffer, DraftRequest
+from genspec.errors import GenerationError, NumericalError
+from genspec.requests import Request
+
+
+def offer(drafter: Drafter, requests: list[Request], room: list[int]) -> DraftOffer:
+    """The drafter's offer for these requests (a failing one's offers nothing, :meth:`guarded`)."""
+    rows = [DraftRequest(r.id, r.sequence, n) for r, n in zip(requests, room)]
+    offer, _ = guarded(drafter, requests, rows, drafter.offer, DraftOffer.stack,
+                        DraftOffer.free(Draft.empty(1)))
+    kept = usable(drafter, requests, offer.proposal)
+    return offer if kept is offer.proposal else DraftOffer(kept, offer.costly)
+
+def propose(drafter: Drafter, requests: list[Request], limits: list[int]) -> tuple[Draft, float]:
+    """The drafter's costly draft for these requests, and the seconds its reading took (:meth:`Drafter.read`,
+    timed apart: the draft-length policy prices it per draft, not per position)."""
+    rows = [DraftRequest(r.id, r.sequence, n, r.take_hidden()) for r, n in zip(requests, limits)]
+    reading = 0.0
+
+    def draft(part: list[DraftRequest]) -> Draft:
+        nonlocal reading
+        started = time.perf_counter()
+        drafter.read(part)
+        reading = time.perf_counter() - started
+        return drafter.propose(part)
+
+    drafted, whole = guarded(drafter, requests, rows, draft, Draft.stack, Draft.empty(1))
+    return usable(drafter, requests, drafted), reading if whole else 0.0
+
+
+def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
+    """Rows of ``scores`` ``[B, ..., V]`` (logits or laws) with a NaN or +inf, or nothing but -inf, at a
+    position where ``valid`` ``[B, ...]`` is True: nothing can be drawn from them. One max over the
+    vocabulary, into which a NaN or +inf propagates (a lone -inf is a masked token and fine). On the
+    embedded model it cost 0.0-3.3% of the target pass it follows (blocks of 1-4 rows x 1-9 tokens,
+    logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
+    benchmarks/costs/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
+    peak = scores.amax(-1)
+    bad = ~torch.isfinite(peak) & valid.to(peak.device)
+    return bad.reshape(bad.shape[0], -1).any(-1).nonzero().flatten().tolist()
+
+
+def guarded(drafter: Drafter, requests: list[Request], rows: list[DraftRequest], call, stack, nothing):
+    """``call(rows)`` for the drafter's rows, and whether that one call made it. If it fails, each request is
+    called for alone, and a request whose own call fails fails alone (``finish_reason`` "error"; ``nothing``
+    stands in for its row: it verifies nothing); the rows are then joined with ``stack``."""
+    try:
+        return call(rows), True
+    except Exception:  # noqa: BLE001 - find the request(s) at fault; the others go on
+        parts = []
+        for request, row in zip(requests, rows):
+            try:
+                parts.append(call([row]))
+            except Exception as exc:  # noqa: BLE001 - reported on the request, the engine goes on
+                request.fail(GenerationError(f"drafter {drafter.name!r} failed: {type(exc).__name__}: {exc}"))
+                parts.append(nothing)
+        return stack(parts), False
+
+
+def usable(drafter: Drafter, requests: list[Request], draft: Draft) -> Draft:
+    """``draft`` without the rows whose draft law holds NaN or inf: those requests fail (the acceptance rule
+    would not be lossless on them)."""
+    if draft.probs is None:
+        return draft
+    drafted = torch.arange(draft.width) < draft.lengths.unsqueeze(-1)  # [B, M, k]
+    bad = unusable_rows(draft.probs, drafted)
+    for row in bad:
+        requests[row].fail(NumericalError(
+            f"drafter {drafter.name!r}: its draft law contains NaN or inf (computed in "
+            f"{str(draft.probs.dtype).replace('torch.', '')}); nothing can be verified against it"))
+    if bad:
+        draft = draft.clipped([0 if i in bad else n for i, n in enumerate(draft.lengths.amax(1).tolist())])
+    return draft

@@ -1,0 +1,139 @@
+"""What the engine reports: a request's statistics and result, and per step the record of each request
+(:class:`RequestStep`) and of the whole batch (:class:`StepRecord`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genspec.theory.pareto import StepStatistics
+
+@dataclass
+class RequestStats:
+    """Per-request statistics. The key names of :meth:`as_dict` are a stable interface."""
+
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    target_calls: int = 0
+    new_tokens: int = 0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    total_time_s: float = 0.0
+    accepted_length_histogram: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    acceptance: dict | None = None  # GenerationConfig.acceptance of the request
+    bias: StepStatistics | None = None  # sums over judged positions, with GenerationConfig.measure_bias
+    bias_time_s: float = 0.0  # time spent measuring them (inside total_time_s)
+
+    def record(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """One target call that verified ``drafted`` draft tokens (``depth`` positions deep; a chain's
+        depth is its length) and kept ``accepted``."""
+        depth = drafted if depth is None else depth
+        self.target_calls += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        self.accepted_length_histogram.extend([0] * (accepted + 1 - len(self.accepted_length_histogram)))
+        self.accepted_length_histogram[accepted] += 1
+        for counts, upto in ((self.drafted_per_position, depth), (self.accepted_per_position, accepted)):
+            counts.extend([0] * (upto - len(counts)))
+            for i in range(upto):
+                counts[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target call: 1 + accepted / target calls (vLLM's definition)."""
+        return 1.0 + self.accepted_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "accepted_length_histogram": list(self.accepted_length_histogram),
+            "target_calls": self.target_calls,
+            "draft_time_s": self.draft_time_s,
+            "verify_time_s": self.verify_time_s,
+            "total_time_s": self.total_time_s,
+            "tokens_per_second": self.tokens_per_second,
+            "new_tokens": self.new_tokens,
+            "acceptance_per_position": [a / d if d else 0.0 for a, d in
+                                        zip(self.accepted_per_position, self.drafted_per_position)],
+            "acceptance": self.acceptance,
+            "bias": None if self.bias is None else {**self.bias.means(), "measure_time_s": self.bias_time_s},
+        }
+
+
+@dataclass
+class RequestResult:
+    """One finished request: its new tokens, and their text (with a tokenizer) ending before the stop
+    string that stopped it (:func:`visible_text`)."""
+
+    token_ids: list[int]
+    stats: RequestStats
+    finish_reason: str  # "length", "eos", "stop", "cancelled" or "error"
+    text: str | None = None
+
+
+def visible_text(text: str, stop_strings: tuple[str, ...], finished: bool) -> str:
+    """The part of a request's generated ``text`` its caller is shown: up to the first stop string, not
+    including it (OpenAI's convention). While the request runs (not ``finished``), also without a
+    trailing incomplete character (a multi-byte character whose rest is to come) or a trailing piece
+    that may yet begin a stop string, so that text once shown is never taken back."""
+    cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=-1)
+    if cut >= 0:
+        return text[:cut]
+    if not finished:
+        text = text.rstrip("\ufffd")
+        hold = max((k for s in stop_strings for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        text = text[:len(text) - hold]
+    return text
+
+
+@dataclass
+class RequestStep:
+    """What one step did for one request. ``new_tokens[:accepted]`` are accepted draft tokens, the
+    token after them (if kept) the target's own; ``accepted_per_position`` says, per draft depth,
+    whether that position was accepted. ``finish_reason`` is None while the request runs ("length",
+    "eos", "stop", "cancelled", or "error" with ``error`` saying what failed). ``stats`` are the
+    request's running totals (final once it finished)."""
+
+    new_tokens: list[int]
+    drafted: int
+    accepted: int
+    accepted_per_position: list[bool]
+    finish_reason: str | None
+    stats: RequestStats
+    evidence: object = None
+    error: str | None = None
+
+
+@dataclass
+class StepRecord:
+    """One :meth:`SpeculativeEngine.step`: per request its :class:`RequestStep`, and the step's times.
+
+    ``prefill_time_s``: joining requests' prefills; ``draft_time_s``: the drafters' ``propose`` calls;
+    ``target_time_s``: the target's pass over the verify block (``block_width`` tokens per row,
+    ``batch_size`` rows); ``verify_time_s``: that pass plus the acceptance rule; ``outside_model_time_s``:
+    the step's time outside model forward passes (engine bookkeeping, model-free drafting);
+    ``total_time_s``: the whole step.
+    """
+
+    requests: dict[int, RequestStep] = field(default_factory=dict)
+    batch_size: int = 0
+    block_width: int = 0
+    joined: list[int] = field(default_factory=list)
+    prefill_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    draft_model_time_s: float = 0.0
+    target_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    outside_model_time_s: float = 0.0
+    total_time_s: float = 0.0
