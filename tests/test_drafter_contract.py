@@ -13,8 +13,7 @@ import torch
 from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftOffer, DraftRequest
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError
-from genspec.models import HFCausalLM, variants
-from tiny_models import tiny_llama
+from tiny_models import early_exit_setup, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "bigram_drafter.py"
@@ -83,16 +82,8 @@ def test_a_prefix_that_does_not_fit_the_block_is_not_used():
     """The target honours an early-exit draft's layers only for the block they were computed for: given
     another block (here one token shorter), it runs every layer and its logits are a full pass's."""
     model = tiny_llama(0, layers=3)
-    reused, fresh = HFCausalLM(model), HFCausalLM(model)
-    draft = variants.early_exit(reused, 2)
     prompt, drafts = [5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15]
-    for target in (reused, fresh):
-        target.reset(1)
-        target.forward(torch.tensor([prompt[:-1]]))
-        target.commit_all()
-    draft.reset(1)
-    draft.forward(torch.tensor([prompt + drafts]))
-    draft.commit_all()
+    reused, fresh, draft = early_exit_setup(model, 2, prompt, drafts)
     assert draft.prefix_source is reused
     block = torch.tensor([[prompt[-1]] + drafts])
     prefix = draft.prefix_for(reused, torch.tensor([len(prompt) - 1]), torch.ones_like(block, dtype=torch.bool))

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from stats_helpers import lossless_pvalue
-from tiny_models import tiny_gemma3, tiny_llama
+from tiny_models import early_exit_setup, tiny_gemma3, tiny_llama
 
 import genspec
 from genspec.drafters import DraftModelDrafter, PromptLookupDrafter
@@ -138,16 +138,8 @@ def test_early_exit_prefix_equals_a_full_verify_pass(build, tolerance):
     the exit) gives the logits of a full pass, and its cache stays exact for later steps. float64
     (Gemma 3's RMSNorm runs in float32, hence its looser tolerance)."""
     model = build(0, layers=3)
-    reused, fresh = HFCausalLM(model), HFCausalLM(model)
-    draft = variants.early_exit(reused, 2)
     prompt, drafts = [5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15]
-    for target in (reused, fresh):
-        target.reset(1)
-        target.forward(torch.tensor([prompt[:-1]]))
-        target.commit_all()
-    draft.reset(1)
-    draft.forward(torch.tensor([prompt + drafts]))
-    draft.commit_all()
+    reused, fresh, draft = early_exit_setup(model, 2, prompt, drafts)
     block = torch.tensor([[prompt[-1]] + drafts])
     valid = torch.ones_like(block, dtype=torch.bool)
     prefix = draft.prefix_for(reused, torch.tensor([len(prompt) - 1]), valid)

@@ -100,3 +100,20 @@ def draft_one_pair(drafter, row, feature: torch.Tensor, position: int, token: in
                                  torch.tensor([[position]]), [1],
                                  [(drafter._empty, drafter._empty, torch.ones(1, 0, dtype=torch.bool))])
     return out[0, 0]
+
+
+def early_exit_setup(model, exit_layer: int, prompt: list[int], drafts: list[int]):
+    """Two targets over ``model`` (the first the early-exit draft's source) that hold ``prompt`` but its last
+    token, and the draft of its first ``exit_layer`` layers over ``prompt + drafts``: ``(reused, fresh, draft)``."""
+    from genspec.models import HFCausalLM, variants
+
+    reused, fresh = HFCausalLM(model), HFCausalLM(model)
+    draft = variants.early_exit(reused, exit_layer)
+    for target in (reused, fresh):
+        target.reset(1)
+        target.forward(torch.tensor([prompt[:-1]]))
+        target.commit_all()
+    draft.reset(1)
+    draft.forward(torch.tensor([prompt + drafts]))
+    draft.commit_all()
+    return reused, fresh, draft
