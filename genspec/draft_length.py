@@ -373,13 +373,13 @@ class DraftLength:
     shared with the engine's other requests (the machine's costs); :func:`plan` decides a batch's
     lengths, :meth:`limit` one request's alone."""
 
-    def __init__(self, policy: str, k_max: int, cost_model: CostModel | None = None,
+    def __init__(self, policy: "str | DraftLengthPolicy", k_max: int, cost_model: CostModel | None = None,
                  draft_cost: DraftCost | None = None, prior_alpha: float = 0.5, prior_later: float = 0.6,
                  prior_weight: float = 2.0, decay: float = 0.9, memory: AcceptanceMemory | None = None,
                  probe_tokens: int = 1):
         if policy not in POLICIES:
             raise ConfigError(f"unknown draft length policy {policy!r}; choose from: {', '.join(POLICIES)}")
-        self.policy = policy
+        self.policy = DraftLengthPolicy(policy)
         self.k_max = k_max
         self.current = k_max
         self.costs = cost_model or CostModel()
@@ -420,7 +420,7 @@ class DraftLength:
         """Tokens to draft for this request alone (cost policy: 0 switches speculation off; with
         ``probe`` a switched-off request drafts one token now and then to re-estimate; a free drafter
         needs no probes, it is scored on its unverified proposals)."""
-        if self.policy != "cost":
+        if self.policy is not DraftLengthPolicy.COST:
             return self.current
         return self.after_plan(self.best_k(evidence), probe)
 
@@ -473,7 +473,7 @@ class DraftLength:
         self.estimate(evidence).record(drafted, accepted)
         if self.memory is not None:
             self.memory.record(evidence, drafted, accepted)
-        if self.policy == "heuristic":
+        if self.policy is DraftLengthPolicy.HEURISTIC:
             step = 2 if accepted == drafted else -1
             self.current = max(1, min(self.k_max, self.current + step))
 
@@ -551,8 +551,8 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     it when :meth:`CostModel.explore_due` says so (the first such plan, then one in ``EXPLORE_EVERY``),
     taking the widest such block."""
     batch = len(rows)
-    ks = [min(r.policy.current, r.cap) if r.policy is not None and r.policy.policy != "cost" else 0 for r in rows]
-    costed = [i for i, r in enumerate(rows) if r.policy is not None and r.policy.policy == "cost" and r.cap > 0]
+    ks = [min(r.policy.current, r.cap) if r.policy is not None and r.policy.policy is not DraftLengthPolicy.COST else 0 for r in rows]
+    costed = [i for i, r in enumerate(rows) if r.policy is not None and r.policy.policy is DraftLengthPolicy.COST and r.cap > 0]
     if not costed:
         return ks
     step = costs.verify_cost(1, batch)
@@ -629,7 +629,7 @@ def decide(rows: list[RowPlan], costs: CostModel) -> list[int]:
     affordable (:func:`probe_affordable`, checked only when a probe is due), each at most the row's room."""
     lengths = plan(rows, costs)
     for i, row in enumerate(rows):
-        if row.policy is None or row.draft_cost is None or row.policy.policy != "cost":
+        if row.policy is None or row.draft_cost is None or row.policy.policy is not DraftLengthPolicy.COST:
             continue
 
         def affordable(row: RowPlan = row) -> bool:
