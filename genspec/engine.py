@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import torch
 
 from genspec import drafting
-from genspec.acceptance import Candidates, Verdict, verify
+from genspec.acceptance.rules import Verdict, verify
 from genspec.checks import integer
 from genspec.config import GenerationConfig, with_overrides  # noqa: F401 (GenerationConfig: re-exported)
 from genspec.draft_length import AcceptanceMemory, CostModel, DraftCost, RowPlan, decide
@@ -34,12 +34,11 @@ from genspec.drafters.base import DEFAULT_DRAFT_TOKENS, Draft, Drafter, DraftOff
 from genspec.drafting import unusable_rows
 from genspec.errors import ConfigError, GenerationError, GenspecError, NumericalError
 from genspec.models.base import CausalLM
-from genspec.randomness import block_noise
 # the records are part of the engine's API: ``from genspec.engine import StepRecord`` keeps working
 from genspec.records import RequestResult, RequestStats, RequestStep, StepRecord, visible_text  # noqa: F401
-from genspec.requests import (Group, Request, by_drafter, check_prompt, encode_prompts, group_rule, hidden_layers_of,
+from genspec.requests import (Group, Request, by_drafter, check_prompt, encode_prompts, hidden_layers_of,
                               own_hidden)
-from genspec.sampling import block_seen_mask, seen_mask
+from genspec.sampling import target_law
 from genspec.theory.pareto import chain_step_statistics
 
 NO_DRAFTER = "none"
@@ -331,8 +330,9 @@ class SpeculativeEngine:
 
     def _verify(self, groups: list[Group], record: StepRecord) -> None:
         """One target pass over every row's block, then each group's acceptance rule."""
+        started = time.perf_counter()
         for group in groups:
-            group.block = group.draft.block([r.sequence[-1] for r in group.requests], [True] * len(group.rows))
+            group.take_block(self.target.vocab_size, self.target.device)
         batch = len(self._running)
         width = max(g.block.tokens.shape[1] for g in groups)
         tokens = torch.zeros(batch, width, dtype=torch.long)
@@ -345,10 +345,10 @@ class SpeculativeEngine:
             if trees:
                 own = group.block.tree_mask
                 tree_mask[rows, :n, :n] = own if own is not None else torch.ones(n, n, dtype=torch.bool).tril()
-        started = time.perf_counter()
         # an early-exit draft's first layers of its block: the batch's block if it is the only draft (the
         # target runs every layer where they do not fit)
         prefix = groups[0].draft.prefix if len(groups) == 1 else None
+        forward_started = time.perf_counter()
         reads_hidden = any(r.reads_hidden for g in groups for r in g.requests)
         layers = hidden_layers_of([r for g in groups for r in g.requests])
         logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix, return_hidden=reads_hidden,
@@ -365,7 +365,7 @@ class SpeculativeEngine:
                     "nothing can be sampled from them; a model whose activations overflow its dtype works in "
                     "float32 (or bfloat16)"))
             logits = logits.masked_fill(torch.isin(torch.arange(batch), torch.tensor(bad))[:, None, None], 0.0)
-        record.target_time_s = time.perf_counter() - started
+        record.target_time_s = time.perf_counter() - forward_started
         for group in groups:
             group.verdict = self._accept(group, logits[torch.tensor(group.rows), :group.block.tokens.shape[1]])
             for request, row, path in zip(group.requests, group.rows, group.verdict.path):
@@ -392,7 +392,7 @@ class SpeculativeEngine:
         totals = chain_step_statistics(
             group.draft.tokens[:, 0], None if group.draft.probs is None else group.draft.probs[:, 0],
             group.verdict.target_probs, group.verdict.accepted_length, group.block.lengths[:, 0],
-            group_rule(group.requests))
+            group.rule)
         seconds = time.perf_counter() - started
         for i, request in enumerate(group.requests):
             if request.config.measure_bias:
@@ -400,18 +400,10 @@ class SpeculativeEngine:
                 request.stats.bias_time_s += seconds
 
     def _accept(self, group: Group, logits: torch.Tensor) -> Verdict:
-        """The acceptance rule for one group's rows, each with its own sampling and random stream."""
-        requests, block, draft = group.requests, group.block, group.draft
-        sampling = [r.sampling for r in requests]
-        seen = None
-        if any(s.repetition_penalty != 1.0 for s in sampling):
-            base = seen_mask([r.sequence for r in requests], logits.shape[-1], logits.device)
-            seen = block_seen_mask(base, block.tokens, block.tree_mask)
-        noise = block_noise([None if r.sampling.greedy else r.random for r in requests],
-                            [len(r.generated) for r in requests], [r.coupled for r in requests],
-                            draft.width, draft.num_chains, logits.shape[-1])
-        return verify(Candidates(draft.tokens, block.lengths, block.node_of, draft.probs), logits, sampling,
-                      group_rule(requests), noise, seen)
+        """Judge one group's block: the target's logits processed as the draft's were, by the group's rule
+        with each row's noise."""
+        target = target_law(logits, group.sampling, group.seen)
+        return verify(group.candidates, target, group.rule, group.noise)
 
     def _commit(self, groups: list[Group]) -> None:
         """Keep the accepted path of every row in the target's cache; drop the rest of the block."""

@@ -7,15 +7,16 @@ from dataclasses import dataclass
 
 import torch
 
-from genspec.acceptance import Rule, RuleKind, Verdict
+from genspec.acceptance import Candidates, Rule, RuleKind, Verdict
 from genspec.config import GenerationConfig
 from genspec.draft_length import AcceptanceMemory, CostModel, DraftCost, DraftLength
 from genspec.drafters.base import Draft, DraftBlock, Drafter, DraftOffer
 from genspec.models.base import CausalLM
 from genspec.checks import integer
 from genspec.errors import ConfigError, ContextLengthError, GenspecError
-from genspec.randomness import RequestRandomness
+from genspec.randomness import Noise, RequestRandomness, block_noise
 from genspec.records import RequestStats
+from genspec.sampling import SamplingConfig, block_seen_mask, seen_mask
 from genspec.theory.pareto import StepStatistics
 
 
@@ -84,18 +85,39 @@ class Request:
 
 @dataclass
 class Group:
-    """The running requests of one drafter in one step: its offer, their draft and what the target said of it."""
+    """The running requests of one drafter in one step: its offer, their draft, the block the target scores
+    with what judging it takes, and the verdict."""
 
     rows: list[int]  # indices into the running batch
     requests: list[Request]
     offer: DraftOffer
     draft: Draft | None = None
     block: DraftBlock | None = None
+    candidates: Candidates | None = None  # the block's draft, as the acceptance rule reads it
+    seen: torch.Tensor | None = None  # [B, N, V] each node's repetition-penalty mask (None: no row penalises)
+    noise: Noise | None = None  # the rows' randomness at the block's positions (None: every row is greedy)
     verdict: Verdict | None = None
+
+    def __post_init__(self):
+        self.sampling: list[SamplingConfig] = [r.sampling for r in self.requests]
+        self.rule = group_rule(self.requests)
 
     @property
     def drafter(self) -> Drafter | None:
         return self.requests[0].drafter
+
+    def take_block(self, vocab_size: int, device: torch.device) -> None:
+        """Form the block the target scores (node 0 each row's last token, then its draft) and what judging
+        it takes: the repetition masks at its nodes and the rows' noise, by position."""
+        requests, draft = self.requests, self.draft
+        self.block = block = draft.block([r.sequence[-1] for r in requests], [True] * len(requests))
+        self.candidates = Candidates(draft.tokens, block.lengths, block.node_of, draft.probs)
+        if any(s.repetition_penalty != 1.0 for s in self.sampling):
+            self.seen = block_seen_mask(seen_mask([r.sequence for r in requests], vocab_size, device), block.tokens,
+                                        block.tree_mask)
+        self.noise = block_noise([None if r.sampling.greedy else r.random for r in requests],
+                                 [len(r.generated) for r in requests], [r.coupled for r in requests],
+                                 draft.width, draft.num_chains, vocab_size)
 
 
 def by_drafter(requests: list[Request]) -> list[tuple[Drafter, list[Request]]]:

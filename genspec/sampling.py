@@ -2,8 +2,9 @@
 
 Speculative decoding is lossless only if the draft and the target distributions are processed the
 same way (repetition penalty, temperature, top-k, top-p) *before* the acceptance rule compares them.
-:func:`process_logits` is that one processing function; the engine calls it for the target and every
-model-based drafter for its draft. Settings may differ per row (a batch mixes requests): a row's
+:func:`process_logits` is that one processing function; every model-based drafter calls it for its
+draft, and :func:`target_law` for the target's block (the same processing, or only the argmax when
+every row is greedy). Settings may differ per row (a batch mixes requests): a row's
 probabilities depend only on its own logits and settings, never on its neighbours'.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from genspec.acceptance.rules import TargetLaw
 from genspec.checks import finite, integer
 from genspec.errors import ConfigError
 
@@ -168,3 +170,15 @@ def process_logits(logits: torch.Tensor, sampling, seen: torch.Tensor | None = N
         one_hot = torch.nn.functional.one_hot(logits.argmax(-1), vocab).to(dtype)
         probs = torch.where(_row_tensor(greedy, scores).bool(), one_hot, probs)
     return probs
+
+
+def target_law(logits: torch.Tensor, sampling, seen: torch.Tensor | None = None) -> TargetLaw:
+    """What the acceptance rule judges a block by, from the target's raw logits ``[B, N, V]`` at its nodes:
+    :func:`process_logits`'s laws, or, when every row is greedy, only the (penalised) argmax, for which no
+    ``[B, N, V]`` law is built."""
+    rows = per_row(sampling, logits.shape[0])
+    if not all(c.greedy for c in rows):
+        return TargetLaw(probs=process_logits(logits, rows, seen))
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, [c.repetition_penalty for c in rows])
+    return TargetLaw(tokens=logits.argmax(-1))

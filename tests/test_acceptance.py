@@ -21,7 +21,7 @@ from genspec.acceptance import (
     verify_tree,
 )
 from genspec.randomness import Noise
-from genspec.sampling import SamplingConfig
+from genspec.sampling import SamplingConfig, target_law
 
 N = 20_000
 
@@ -219,10 +219,10 @@ def test_verify_dispatches_per_row_in_a_mixed_batch():
                 SamplingConfig(0.0, repetition_penalty=1.0), SamplingConfig(1.3)]
     sample = torch.rand(batch, k + 1, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
     accept = torch.rand(batch, k, 1, generator=torch.Generator().manual_seed(23), dtype=torch.float64)
-    together = verify(Candidates(drafts.unsqueeze(1), lengths), logits, sampling, noise=Noise(sample, accept))
+    together = verify(Candidates(drafts.unsqueeze(1), lengths), target_law(logits, sampling), noise=Noise(sample, accept))
     for b in range(batch):
-        alone = verify(Candidates(drafts[b:b + 1].unsqueeze(1), lengths[b:b + 1]), logits[b:b + 1], [sampling[b]],
-                       noise=Noise(sample[b:b + 1], accept[b:b + 1]))
+        alone = verify(Candidates(drafts[b:b + 1].unsqueeze(1), lengths[b:b + 1]),
+                       target_law(logits[b:b + 1], [sampling[b]]), noise=Noise(sample[b:b + 1], accept[b:b + 1]))
         assert torch.equal(alone.path, together.path[b:b + 1]), b
         assert int(alone.next_token) == int(together.next_token[b]), b
     greedy = verify_greedy(drafts[:2], logits[:2].argmax(-1))

@@ -11,13 +11,13 @@ from stats_helpers import lossless_pvalue
 from tiny_models import peaked, tiny_llama
 
 from genspec.acceptance import Candidates, coupled_tokens, verify
-from genspec.acceptance.verify import node_depths
+from genspec.acceptance.rules import node_depths
 from genspec.drafters import DraftModelDrafter
 from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
 from genspec.randomness import Noise, RequestRandomness
-from genspec.sampling import SamplingConfig
+from genspec.sampling import SamplingConfig, target_law
 
 
 def _random_law(vocab: int, generator: torch.Generator, zeros: int = 0) -> torch.Tensor:
@@ -79,13 +79,13 @@ def test_verify_applies_the_coupled_rule_to_its_rows_and_the_standard_rule_to_th
     uniforms = dict(accept=torch.rand(2, k, 1, generator=generator, dtype=torch.float64),
                     sample=torch.rand(2, k + 1, generator=generator, dtype=torch.float64))
     draft = Candidates(chains, lengths)
-    mixed = verify(draft, logits, sampling, noise=Noise(coupled=torch.tensor([True, False]), race=race, **uniforms))
-    standard = verify(draft, logits, sampling, noise=Noise(**uniforms))
+    mixed = verify(draft, target_law(logits, sampling), noise=Noise(coupled=torch.tensor([True, False]), race=race, **uniforms))
+    standard = verify(draft, target_law(logits, sampling), noise=Noise(**uniforms))
     assert mixed.accepted_length[0] == 2 and mixed.next_token[0] == wanted[0, 2]
     assert mixed.path[0].tolist() == [0, 1, 2, -1]
     assert mixed.accepted_length[1] == standard.accepted_length[1]
     assert mixed.next_token[1] == standard.next_token[1] and mixed.path[1].tolist() == standard.path[1].tolist()
-    everything = verify(draft, logits, sampling, noise=Noise(coupled=torch.tensor([True, True]), race=race, **uniforms))
+    everything = verify(draft, target_law(logits, sampling), noise=Noise(coupled=torch.tensor([True, True]), race=race, **uniforms))
     assert everything.accepted_length.tolist() == [2, 3] and everything.next_token[1] == wanted[1, 3]
 
 

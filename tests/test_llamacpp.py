@@ -163,7 +163,10 @@ def _exact_joint(lm, prompt: list[int], length: int, process) -> torch.Tensor:
     return joint.reshape([vocab] * length)
 
 
-@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "prompt-lookup-tree"])
+# the tree's run takes ~100 s on 2 cores (20,000 requests through tree blocks); its parts run in the default
+# suite: tree logits (test_tree_block_sees_only_ancestors), greedy trees (above), the shared tree rules'
+# chi-square on the torch backend (test_drafters_model_free.py)
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", pytest.param("prompt-lookup-tree", marks=pytest.mark.slow)])
 def test_sampled_speculation_is_lossless_on_llamacpp(tmp_path, drafter_name):
     """Sampled outputs (T 0.7, top-k 8, top-p 0.9) with speculation follow the exact law of the GGUF model
     itself: N = 20,000 joint samples of 3 tokens over a 12-token vocabulary, chi-square p > 1e-3."""

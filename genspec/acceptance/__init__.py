@@ -7,8 +7,11 @@ one that generates text. Convention: ``draft_probs`` = speculator (p in the theo
 """
 from genspec.acceptance.rule import BIAS_RULES, RESIDUALS, RULES, STANDARD, Residual, Rule, RuleKind  # noqa: F401
 from genspec.acceptance.rules import (  # noqa: F401
+    Candidates,
     ChainVerdict,
     MultiDraftVerdict,
+    TargetLaw,
+    Verdict,
     acceptance_probability,
     coupled_tokens,
     keep_probabilities,
@@ -18,6 +21,7 @@ from genspec.acceptance.rules import (  # noqa: F401
     typical_threshold,
     verify_chain,
     verify_greedy,
+    verify,
     verify_multidraft,
+    verify_tree,
 )
-from genspec.acceptance.verify import Candidates, Verdict, verify, verify_tree  # noqa: F401

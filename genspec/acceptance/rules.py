@@ -1,4 +1,10 @@
-"""The acceptance rules of speculative decoding.
+"""The acceptance rules of speculative decoding, from one position to a whole draft block.
+
+A draft is ``M`` candidate chains per row (:class:`Candidates`; M = 1 for a single chain). The target
+scored it in one pass over a block whose node 0 is the row's last committed token and whose other nodes
+are the draft tokens, chains that share a prefix sharing nodes. :func:`verify` returns which nodes to
+keep and the token after them (:class:`Verdict`): chains by the vectorised :func:`verify_chain`, trees by
+:func:`verify_tree`, which applies :func:`verify_multidraft` one depth at a time.
 
 Shapes: ``B`` rows (sequences or Monte-Carlo runs), ``k`` draft positions, ``M`` candidates, ``V``
 vocabulary. Probabilities are any float dtype (float64 in the theory, float32 in the engine).
@@ -43,7 +49,7 @@ whatever was drafted (several candidates: keep the one equal to x).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -118,9 +124,20 @@ def _keep_of_draft(target_of_draft: torch.Tensor, draft_of_draft: torch.Tensor, 
     """b(y) of the drafted tokens only (``[...]``; ``target_probs`` ``[..., V]`` is the law they are
     judged against, needed by "typical" for its entropy): the same rule as :func:`keep_probabilities`
     without building b over the whole vocabulary."""
+    epsilon = _by_row(rule.epsilon, target_of_draft)
     if rule.kind is RuleKind.TYPICAL:
-        return (target_of_draft > typical_threshold(target_probs, rule.epsilon, rule.delta)).to(target_of_draft.dtype)
-    return acceptance_probability(target_of_draft, draft_of_draft, rule.epsilon)
+        threshold = typical_threshold(target_probs, epsilon, _by_row(rule.delta, target_of_draft))
+        return (target_of_draft > threshold).to(target_of_draft.dtype)
+    return acceptance_probability(target_of_draft, draft_of_draft, epsilon)
+
+
+def _by_row(value, like: torch.Tensor):
+    """A rule's parameter applied to ``like`` ``[B, ...]``: a number as it is; one value per row (``[B]``,
+    :meth:`Rule.batch`) shaped ``[B, 1, ...]`` to broadcast, in ``like``'s dtype (float32 laws are judged
+    in float32)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.to(like.dtype).reshape(-1, *[1] * (like.dim() - 1))
 
 
 def resampling_law(target_probs: torch.Tensor, draft_probs: torch.Tensor, rule: Rule = STANDARD) -> torch.Tensor:
@@ -212,7 +229,6 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_p
         draft_lengths = torch.full((batch,), k, dtype=torch.long, device=device)
     valid = torch.arange(k, device=device) < draft_lengths.unsqueeze(1)  # [B, k]
     noise = noise or Noise()
-    row_rule, rule = rule, rule.per_row(lambda values: values.unsqueeze(1))  # per row [B] (the residual's law), [B, 1]
     sample_uniforms = _uniforms((batch, k + 1), target_probs, noise.sample, noise.generator)
 
     if draft_probs is None and rule.lossless:  # point masses: the coupling (module docstring)
@@ -244,7 +260,7 @@ def verify_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_p
         draft_row = draft_probs[rows, at]
     draft_row = draft_row * rejected_a_draft.unsqueeze(-1).to(draft_row.dtype)
     resample_law = torch.where(rejected_a_draft.unsqueeze(-1),
-                               resampling_law(target_row, draft_row, row_rule),
+                               resampling_law(target_row, draft_row, rule),
                                target_row)
     return ChainVerdict(accepted_length, sample_with_uniforms(resample_law, sample_uniforms[rows, accepted_length]))
 
@@ -290,7 +306,6 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
     if candidate_mask is None:
         candidate_mask = torch.ones(batch, num_cols, dtype=torch.bool, device=device)
     noise = noise or Noise()
-    rule = rule.per_row(lambda values: values.to(target_probs.dtype), names=("epsilon",))
     sample_uniforms = _uniforms((batch,), target_probs, noise.sample, noise.generator)
     if draft_probs is None and rule.lossless:  # point masses: the coupling (module docstring)
         token = sample_with_uniforms(target_probs, sample_uniforms)
@@ -328,3 +343,185 @@ def verify_multidraft(candidate_tokens: torch.Tensor, target_probs: torch.Tensor
     if bool(open_rows.any()):  # draw only for the rows that rejected every candidate
         token = torch.where(open_rows, sample_with_uniforms(law, sample_uniforms), token)
     return MultiDraftVerdict(accepted_index, token)
+
+
+# ------------------------------------------------------------------------------ a whole block
+@dataclass
+class Candidates:
+    """A draft block's candidates, per row: ``chains`` ``[B, M, k]`` tokens, ``lengths`` ``[B, M]`` the
+    real ones per chain; ``node_of`` ``[B, M, k]`` the block node of chain m's token at depth d (None: a
+    chain block, M = 1, ``[last, d_1 .. d_k]``); ``probs`` ``[B, M, k, V]`` the draft's law at each token,
+    or None (deterministic drafts: point masses)."""
+
+    chains: torch.Tensor
+    lengths: torch.Tensor
+    node_of: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class TargetLaw:
+    """What the target said at a block's ``N`` nodes, processed exactly like the draft
+    (:func:`genspec.sampling.target_law`): ``probs`` ``[B, N, V]``, the laws its tokens are drawn from (a
+    greedy row's is the one-hot of its argmax), or, when every row is greedy, only ``tokens`` ``[B, N]``
+    (no law is built)."""
+
+    probs: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if (self.probs is None) == (self.tokens is None):
+            raise ValueError("a TargetLaw holds either probs or tokens")
+
+
+@dataclass
+class Verdict:
+    """What a verification keeps, per row.
+
+    ``path`` ``[B, k + 1]``: block nodes to keep, in order: node 0 (the last committed token), then the
+    accepted draft tokens' nodes; -1 after them. ``accepted_length`` ``[B]``: accepted draft tokens.
+    ``next_token`` ``[B]``: the token emitted after them (a residual or greedy correction, or the bonus).
+    ``target_probs`` ``[B, N, V]``: the target's processed laws at the block's nodes, which the rule
+    judged against (None when every row was greedy and no law was built).
+    """
+
+    path: torch.Tensor
+    accepted_length: torch.Tensor
+    next_token: torch.Tensor
+    target_probs: torch.Tensor | None = None
+
+    @classmethod
+    def of_chain(cls, verdict, k: int) -> "Verdict":
+        positions = torch.arange(k + 1, device=verdict.accepted_length.device).expand(len(verdict.accepted_length), -1)
+        path = torch.where(positions <= verdict.accepted_length.unsqueeze(1), positions, torch.full_like(positions, -1))
+        return cls(path, verdict.accepted_length, verdict.next_token)
+
+
+def verify_tree(draft: Candidates, target_probs: torch.Tensor | None = None, target_argmax: torch.Tensor | None = None,
+                rule: Rule = STANDARD, noise: Noise | None = None) -> Verdict:
+    """Walk a token tree one depth at a time, all rows at once.
+
+    At depth d each row's candidates are its live chains (those whose first d tokens are the accepted
+    path): greedy rows (``target_argmax`` ``[B, N]`` given) keep the candidate equal to the target's
+    argmax; sampled rows (``target_probs`` ``[B, N, V]``) run the recursive residual verifier with
+    ``rule`` (``draft.probs`` or point masses). The first rejection emits the verifier's token; a row that
+    runs out of candidates emits a bonus token from the target's law at its node. ``noise``: ``accept``
+    ``[B, k, M]``, ``sample`` ``[B, k + 1]`` (depth d emits the token at position d).
+    """
+    chains, lengths, node_of, draft_probs = draft.chains, draft.lengths, draft.node_of, draft.probs
+    batch, num_chains, k = chains.shape
+    device = chains.device
+    rows = torch.arange(batch, device=device)
+    greedy = target_probs is None
+    noise = noise or Noise()
+    accept_uniforms = noise.accept
+    if not greedy:
+        sample_uniforms = _uniforms((batch, k + 1), target_probs, noise.sample, noise.generator)
+        if draft_probs is not None or not rule.lossless:
+            accept_uniforms = _uniforms((batch, k, num_chains), target_probs, accept_uniforms, noise.generator)
+
+    def bonus(node, depth):
+        if greedy:
+            return target_argmax[rows, node]
+        return sample_with_uniforms(target_probs[rows, node], sample_uniforms[:, depth])
+
+    node = torch.zeros(batch, dtype=torch.long, device=device)
+    walking = torch.ones(batch, dtype=torch.bool, device=device)
+    live = lengths > 0
+    path = torch.full((batch, k + 1), -1, dtype=torch.long, device=device)
+    path[:, 0] = 0
+    accepted = torch.zeros(batch, dtype=torch.long, device=device)
+    next_token = torch.zeros(batch, dtype=torch.long, device=device)
+    for depth in range(k):
+        live &= lengths > depth
+        out_of_candidates = walking & ~live.any(1)
+        if bool(out_of_candidates.any()):
+            next_token = torch.where(out_of_candidates, bonus(node, depth), next_token)
+            walking &= ~out_of_candidates
+        if not bool(walking.any()):
+            break
+        candidates = chains[:, :, depth]
+        if greedy:
+            token = target_argmax[rows, node]
+            hits = live & (candidates == token.unsqueeze(1))
+            chosen = torch.where(hits.any(1), hits.to(torch.uint8).argmax(1), torch.full_like(token, -1))
+        else:
+            verdict = verify_multidraft(
+                candidates, target_probs[rows, node], None if draft_probs is None else draft_probs[:, :, depth],
+                live & walking.unsqueeze(1), rule,
+                Noise(sample_uniforms[:, depth], None if accept_uniforms is None else accept_uniforms[:, depth],
+                      generator=noise.generator))
+            chosen, token = verdict.accepted_index, verdict.token
+        kept = walking & (chosen >= 0)
+        next_token = torch.where(walking & ~kept, token, next_token)
+        walking &= kept
+        node = torch.where(kept, node_of[rows, chosen.clamp(min=0), depth], node)
+        path[:, depth + 1] = torch.where(kept, node, torch.full_like(node, -1))
+        accepted += kept.long()
+        live &= candidates == token.unsqueeze(1)
+    if bool(walking.any()):  # every depth accepted: the bonus token
+        next_token = torch.where(walking, bonus(node, k), next_token)
+    return Verdict(path, accepted, next_token)
+
+
+def verify(draft: Candidates, target: TargetLaw, rule: Rule = STANDARD, noise: Noise | None = None) -> Verdict:
+    """Verify a draft block against the target's processed law at its nodes.
+
+    A chain block (``draft.node_of`` None: M = 1, N = k + 1) is verified with the vectorised chain rules,
+    a tree by the tree walk. A ``target`` of tokens only (every row greedy) is token match; in a sampled
+    batch a greedy row's law is the one-hot of its argmax, under which the standard rule is token match.
+    ``rule`` is the acceptance rule of the sampled rows (:func:`genspec.acceptance.verify_chain`); greedy
+    rows always match tokens, so lossy rules are for sampled rows only (``GenerationConfig`` refuses them
+    at temperature 0). ``noise.coupled`` ``[B]`` (bool) marks the rows verified by the coupled rule
+    instead, with ``noise.race`` ``[B, k + 1, V]`` their noise at each depth (the target's token at a node
+    of depth d is :func:`~genspec.acceptance.coupled_tokens` of its law and ``race[:, d]``; then token match).
+    """
+    chains, lengths, node_of = draft.chains, draft.lengths, draft.node_of
+    k = chains.shape[2]
+    if target.probs is None:
+        return _token_match(draft, target.tokens, k)
+    target_probs = target.probs
+    noise = noise or Noise()
+    coupled = noise.coupled
+    coupled = None if coupled is None or not bool(coupled.any()) else coupled.to(target_probs.device)
+    if coupled is not None:
+        depth = node_depths(node_of, lengths, target_probs.shape[1])  # [B, N]
+        race = noise.race.to(target_probs.device).gather(1, depth.unsqueeze(-1).expand(-1, -1, noise.race.shape[-1]))
+        matched = _token_match(draft, coupled_tokens(target_probs, race), k)
+        if bool(coupled.all()):
+            matched.target_probs = target_probs
+            return matched
+    if isinstance(rule.epsilon, torch.Tensor) and not bool(rule.epsilon.any()):
+        rule = replace(rule, epsilon=0.0)  # no over-acceptance: float32 laws are judged in float32
+    if node_of is None:
+        verdict = verify_chain(chains[:, 0], target_probs, None if draft.probs is None else draft.probs[:, 0],
+                               lengths[:, 0], rule, noise)
+        verdict = Verdict.of_chain(verdict, k)
+    else:
+        verdict = verify_tree(draft, target_probs=target_probs, rule=rule, noise=noise)
+    if coupled is not None:
+        verdict = Verdict(torch.where(coupled.unsqueeze(1), matched.path, verdict.path),
+                          torch.where(coupled, matched.accepted_length, verdict.accepted_length),
+                          torch.where(coupled, matched.next_token, verdict.next_token))
+    verdict.target_probs = target_probs
+    return verdict
+
+
+def _token_match(draft: Candidates, target_tokens: torch.Tensor, k: int) -> Verdict:
+    """Keep draft tokens while they equal ``target_tokens`` ``[B, N]`` (the target's token at each node)."""
+    if draft.node_of is None:
+        return Verdict.of_chain(verify_greedy(draft.chains[:, 0], target_tokens, draft.lengths[:, 0]), k)
+    return verify_tree(draft, target_argmax=target_tokens)
+
+
+def node_depths(node_of: torch.Tensor | None, lengths: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """``[B, N]``: each block node's depth (node 0, the last committed token: 0; a chain's token at index
+    d: d + 1). ``node_of`` None: a chain block, node n at depth n. Nodes past every chain: 0."""
+    batch = lengths.shape[0]
+    if node_of is None:
+        return torch.arange(num_nodes, device=lengths.device).expand(batch, -1)
+    depth = torch.zeros(batch, num_nodes, dtype=torch.long, device=lengths.device)
+    steps = torch.arange(1, node_of.shape[2] + 1, device=lengths.device).expand_as(node_of)
+    real = steps <= lengths.unsqueeze(-1)
+    depth.scatter_(1, torch.where(real, node_of, 0).flatten(1), torch.where(real, steps, 0).flatten(1))
+    return depth

@@ -28,7 +28,7 @@ from genspec.errors import ConfigError
 from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM
 from genspec.randomness import Noise
-from genspec.sampling import apply_repetition_penalty, block_seen_mask, process_logits, seen_mask
+from genspec.sampling import apply_repetition_penalty, block_seen_mask, process_logits, seen_mask, target_law
 
 
 class DraftModelDrafter(Drafter):
@@ -206,10 +206,11 @@ class DraftModelDrafter(Drafter):
                                  probs=None if inner.probs is None else inner.probs[:, :, :width])
             noise = Noise(request_uniforms(contexts, width + 1, standard),
                           request_uniforms(contexts, width, standard).unsqueeze(-1), coupled, race)
-            verdict = verify(drafted, block_logits, sampling, noise=noise, seen=seen)
+            judged = target_law(block_logits, sampling, seen)
+            verdict = verify(drafted, judged, noise=noise)
             accepted = verdict.accepted_length
             self.model.keep_block(torch.where(valid[:, :1], verdict.path, torch.full_like(verdict.path, -1)))
-            laws = None if greedy else process_logits(block_logits, sampling, seen)  # [R, n, V]
+            laws = judged.probs  # [R, n, V]; None when every row is greedy
             for r in range(batch):
                 if not running[r]:
                     continue
