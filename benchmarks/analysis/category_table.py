@@ -4,6 +4,8 @@
     python benchmarks/analysis/category_table.py RESULTS --stats     # cells: speedup, acceptance, mean accepted, tok/s
     python benchmarks/analysis/category_table.py BEFORE AFTER --labels before,after --methods plain,prompt-lookup
                                                             # one table, a row per (run, method)
+    python benchmarks/analysis/category_table.py BEFORE AFTER --labels before,after --spread
+                                                            # cells: median [min–max] over repeats; mean: + tok/s
 
 Cells are medians over repeats (the report's own summary figures); the `mean` column is the mean over
 categories of the per-category speedup, as in the report's summary.
@@ -20,8 +22,12 @@ def _median(value):
     return value.get("median") if isinstance(value, dict) else value
 
 
+def _spread(value, digits: int = 2) -> str:
+    return f"{value['median']:.{digits}f} [{value['min']:.{digits}f}–{value['max']:.{digits}f}]"
+
+
 def table(results: dict, stats: bool = False, methods: list[str] | None = None, label: str = "",
-          header: bool = True) -> str:
+          header: bool = True, spread: bool = False) -> str:
     summary = results["summary"]
     categories = [c for c in summary["categories"]]
     rows = {(r["method"], r["category"]): r for r in summary["rows"]}
@@ -37,6 +43,10 @@ def table(results: dict, stats: bool = False, methods: list[str] | None = None, 
                 cells.append("–")
                 continue
             cell = f"{speedup:.2f}x"
+            if spread:
+                cell = _spread(row["speedup_vs_plain"]).replace(" [", "x [")
+                if category == "mean":
+                    cell += f"<br>{_spread(row['tokens_per_second'], 1)} tok/s"
             if stats and category != "mean" and row.get("kind") == "genspec" and row.get("drafted_tokens"):
                 cell += (f"<br>{row['acceptance_rate']:.2f} / {row['mean_accepted_length']:.2f}"
                          f"<br>{_median(row['tokens_per_second']):.1f} tok/s")
@@ -54,12 +64,14 @@ def main() -> int:
                         help="add acceptance rate / mean accepted length and tokens/s to each cell")
     parser.add_argument("--labels", help="comma-separated, one per results file (rows read 'method (label)')")
     parser.add_argument("--methods", help="comma-separated methods to show (default: all)")
+    parser.add_argument("--spread", action="store_true",
+                        help="cells read median [min–max] over repeats; the mean column adds tokens/s")
     args = parser.parse_args()
     labels = args.labels.split(",") if args.labels else [""] * len(args.results)
     if len(labels) != len(args.results):
         parser.error("--labels needs one label per results file")
     methods = args.methods.split(",") if args.methods else None
-    print("\n".join(table(read_results(Path(path)), args.stats, methods, label, header=i == 0)
+    print("\n".join(table(read_results(Path(path)), args.stats, methods, label, header=i == 0, spread=args.spread)
                     for i, (path, label) in enumerate(zip(args.results, labels))))
     return 0
 
