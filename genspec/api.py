@@ -131,8 +131,8 @@ def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: 
     if max_batch_size is not None:
         integer("max_batch_size", max_batch_size, minimum=1)
     extra = {name: dict(options) for name, options in extra_drafters.items()}
-    for name in [drafter, *extra]:  # fail before loading anything
-        check_drafter(name, {"draft_model": draft_model, **extra.get(name, {})})
+    for name, options in [(drafter, drafter_options), *extra.items()]:  # fail before loading anything
+        check_drafter(name, {"draft_model": draft_model, **options})
     target = load_model(model, dtype=dtype, device=device, backend=backend, max_rows=max_batch_size)
     if draft_model is not None:
         drafter_options["draft_model"] = draft_model

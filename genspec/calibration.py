@@ -4,6 +4,8 @@
   both by predicted speedup = E[tokens per call](alpha, k) * t_plain / (k * t_draft + t_verify(k + 1)),
   where alpha is the draft's greedy agreement with the target measured teacher-forced on calibration
   text (one forward per candidate) and the t are measured step times.
+- :func:`prune_plan`: what a structurally pruned copy of the target keeps (heads, MLP channels, layers),
+  by importance measured on calibration text, with the pruned copy's agreement and predicted speedup.
 - :func:`draft_vocabulary`: the most frequent tokens of a corpus (or of the target's own samples), for a
   truncated-vocabulary draft head.
 """
@@ -19,6 +21,7 @@ import torch
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
 from genspec.models import variants
+from genspec.speculators.store import target_fingerprint
 from genspec.textfiles import read_utf8_text
 from genspec.theory.leviathan import expected_tokens_per_call
 
@@ -146,6 +149,181 @@ def search_layer_skip(target, num_draft_tokens: int = 4, tokens: int = 48,
             break
         best, skip = round_best, round_best["skip"]
     return evaluate.result({"skip": best["skip"]}, best, candidates)
+
+
+# ---------------------------------------------------------------- structured pruning
+#: how ``genspec calibrate prune`` scores what it keeps (written into the plan)
+PRUNE_SCORES = {
+    "heads": "root mean square over the calibration tokens of the head's contribution to the residual stream "
+             "(its output through its columns of o_proj)",
+    "channels": "Wanda-style |W| * ||x||: the norm of the channel's down_proj column times the root mean square "
+                "of its activation over the calibration tokens (its contribution to the residual stream)",
+    "layers": "block influence (ShortGPT): mean over the calibration tokens of 1 - cos(layer input, layer output)",
+}
+
+
+def check_keep(value, name: str) -> float:
+    """A keep ratio: a number in (0, 1]; anything else is a one-line :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"{name} must be in (0, 1], got {value}")
+    return float(value)
+
+
+class _UnitScores:
+    """Hooks on the target's decoder layers that add up, over every token the target runs, each query
+    head's and each MLP channel's squared contribution to the residual stream and each layer's block
+    influence. One-shot: every unit is scored in the whole target."""
+
+    def __init__(self, target):
+        self.layers = list(target.decoder.layers)
+        self.shapes = [variants.attention_shape(layer) for layer in self.layers]
+        self.heads = [torch.zeros(h, dtype=torch.float64) for h, _, _ in self.shapes]
+        self.channels = [torch.zeros(layer.mlp.down_proj.in_features, dtype=torch.float64) for layer in self.layers]
+        self.influence = torch.zeros(len(self.layers), dtype=torch.float64)
+        self.tokens = 0
+        # ||W_h a||^2 = a^T (W_h^T W_h) a for head h's columns W_h of o_proj: a [H, d, d] Gram per layer
+        self._grams = []
+        for layer, (heads, _, size) in zip(self.layers, self.shapes):
+            weight = layer.self_attn.o_proj.weight.detach().double().reshape(-1, heads, size)
+            self._grams.append(torch.einsum("ohd,ohe->hde", weight, weight))
+        self._hooks = []
+        for i, layer in enumerate(self.layers):
+            self._hooks += [layer.self_attn.o_proj.register_forward_pre_hook(self._attention_hook(i)),
+                            layer.mlp.down_proj.register_forward_pre_hook(self._mlp_hook(i)),
+                            layer.register_forward_hook(self._layer_hook(i), with_kwargs=True)]
+
+    def _attention_hook(self, i):
+        def hook(module, args):
+            heads, _, size = self.shapes[i]
+            x = args[0].detach().double().reshape(-1, heads, size)
+            self.heads[i] += torch.einsum("thd,hde,the->h", x, self._grams[i], x)
+        return hook
+
+    def _mlp_hook(self, i):
+        def hook(module, args):
+            x = args[0].detach().double()
+            self.channels[i] += x.reshape(-1, x.shape[-1]).square().sum(0)
+        return hook
+
+    def _layer_hook(self, i):
+        def hook(module, args, kwargs, output):
+            before = (args[0] if args else kwargs["hidden_states"]).detach().double()
+            after = (output[0] if isinstance(output, tuple) else output).detach().double()
+            cosine = torch.nn.functional.cosine_similarity(before, after, dim=-1)
+            self.influence[i] += (1 - cosine).sum()
+            if i == 0:
+                self.tokens += cosine.numel()
+        return hook
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+    def scores(self) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        """(head scores per layer, channel scores per layer, block influence per layer)."""
+        tokens = max(1, self.tokens)
+        heads = [(h / tokens).sqrt() for h in self.heads]
+        channels = [(c / tokens).sqrt() * layer.mlp.down_proj.weight.detach().double().norm(dim=0)
+                    for c, layer in zip(self.channels, self.layers)]
+        return heads, channels, self.influence / tokens
+
+
+def _round_count(ratio: float, total: int) -> int:
+    return max(1, min(total, int(ratio * total + 0.5)))
+
+
+def head_counts(num_heads: int, num_kv: int, keep: float) -> tuple[int, int]:
+    """``(key/value heads kept, query heads kept per key/value head)``: the product closest to ``keep`` of
+    the query heads, every key/value head kept serving as many query heads (grouped-query attention repeats
+    each the same number of times); ties keep more key/value heads, then fewer query heads."""
+    wanted, group = _round_count(keep, num_heads), num_heads // num_kv
+    pairs = [(g, c) for g in range(1, num_kv + 1) for c in range(1, group + 1)]
+    return min(pairs, key=lambda pair: (abs(pair[0] * pair[1] - wanted), -pair[0], pair[1]))
+
+
+def _top(scores: torch.Tensor, count: int) -> list[int]:
+    return sorted(torch.argsort(scores, descending=True, stable=True)[:count].tolist())
+
+
+def choose_units(head_scores: list[torch.Tensor], channel_scores: list[torch.Tensor], influence: torch.Tensor,
+                 shapes: list[tuple[int, int, int]], keep: float, keep_layers: float = 1.0) -> dict:
+    """What to keep, from the scores: in every layer the same share ``keep`` of query heads (the best
+    key/value groups, by the sum of their best heads' scores, and the best heads in each) and of MLP
+    channels; the share ``keep_layers`` of layers (the first and last always, then by block influence).
+    Returns ``{"layers", "heads", "channels"}`` (index lists, sorted)."""
+    heads, channels = [], []
+    for scores, channel, (num_heads, num_kv, _) in zip(head_scores, channel_scores, shapes):
+        groups, per_group = head_counts(num_heads, num_kv, keep)
+        by_group = scores.reshape(num_kv, num_heads // num_kv)
+        best = by_group.sort(dim=1, descending=True, stable=True)
+        kept_groups = _top(best.values[:, :per_group].sum(1), groups)
+        heads.append(sorted(g * by_group.shape[1] + h for g in kept_groups
+                            for h in best.indices[g, :per_group].tolist()))
+        channels.append(_top(channel, _round_count(keep, len(channel))))
+    total = len(influence)
+    count = max(min(2, total), _round_count(keep_layers, total))
+    ends = sorted({0, total - 1})
+    middle = [i + 1 for i in _top(influence[1:-1], count - len(ends))] if count > len(ends) else []
+    return {"layers": sorted(ends + middle), "heads": heads, "channels": channels}
+
+
+def score_units(target, sequences: list[list[int]], progress: Progress | None = None):
+    """Score the target's query heads, MLP channels and layers (:data:`PRUNE_SCORES`) over the token
+    ``sequences``, teacher forced one at a time. Returns ``(head scores per layer, channel scores per layer,
+    block influence per layer, tokens scored)``; the target is left empty (no rows)."""
+    if not sequences:
+        raise ConfigError("pruning needs calibration text: no sequences given")
+    units = _UnitScores(target)
+    try:
+        for i, sequence in enumerate(sequences):
+            _report(progress, f"scoring heads, channels and layers: sequence {i + 1}/{len(sequences)}")
+            target.reset(1)
+            target.forward(torch.tensor([sequence]), last_only=True)
+    finally:
+        units.remove()
+        target.reset(0)
+    return (*units.scores(), units.tokens)
+
+
+def choose_plan(target, sequences: list[list[int]], keep: float, keep_layers: float = 1.0,
+                progress: Progress | None = None) -> dict:
+    """Score the target's units on ``sequences`` (:func:`score_units`) and keep the share ``keep`` of heads and
+    channels in each layer and ``keep_layers`` of the layers (:func:`choose_units`). Returns ``{"layers",
+    "heads", "channels", "keep", "keep_layers", "fingerprint", "score", "scores", "scored_tokens",
+    "scored_sequences"}``."""
+    keep, keep_layers = check_keep(keep, "keep"), check_keep(keep_layers, "keep_layers")
+    shapes = [variants.attention_shape(layer) for layer in target.decoder.layers]
+    head_scores, channel_scores, influence, scored = score_units(target, sequences, progress)
+    plan = choose_units(head_scores, channel_scores, influence, shapes, keep, keep_layers)
+    return {**plan, "keep": keep, "keep_layers": keep_layers, "fingerprint": target_fingerprint(target),
+            "score": PRUNE_SCORES, "scored_tokens": scored, "scored_sequences": len(sequences),
+            "scores": {"heads": [s.tolist() for s in head_scores], "layers": influence.tolist()}}
+
+
+def measure_pruned(target, draft, num_draft_tokens: int = 4, tokens: int = 48,
+                   progress: Progress | None = None) -> dict:
+    """The pruned copy ``draft`` measured as :func:`search_early_exit` measures an exit layer (greedy agreement
+    with the target on the calibration prompts' continuations, step times, the predicted speedup at
+    ``num_draft_tokens``), and the decoder weights it keeps."""
+    evaluate = _Evaluator(target, num_draft_tokens, tokens, progress)
+    _report(progress, "measuring the pruned copy")
+    measured = evaluate(draft)
+    parameters = {"target": variants.decoder_parameters(target), "pruned": variants.decoder_parameters(draft)}
+    return {"parameters": {**parameters, "kept": parameters["pruned"] / parameters["target"]}, **measured,
+            "num_draft_tokens": evaluate.k, "plain_step_s": evaluate.t_plain, "verify_step_s": evaluate.t_verify}
+
+
+def prune_plan(target, sequences: list[list[int]], keep: float, keep_layers: float = 1.0,
+               num_draft_tokens: int = 4, tokens: int = 48, progress: Progress | None = None) -> dict:
+    """:func:`choose_plan`, then :func:`measure_pruned` of the copy it makes: the plan ``genspec calibrate
+    prune`` saves (without healing), ``{"layers", "heads", "channels", "keep", "keep_layers", "fingerprint",
+    "parameters", "alpha", "predicted_speedup", "num_draft_tokens", "plain_step_s", "verify_step_s",
+    "draft_step_s", "score", "scores", ...}``."""
+    if num_draft_tokens < 1:
+        raise ConfigError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+    plan = choose_plan(target, sequences, keep, keep_layers, progress)
+    draft = variants.pruned(target, plan["layers"], plan["heads"], plan["channels"])
+    return {**plan, **measure_pruned(target, draft, num_draft_tokens, tokens, progress)}
 
 
 # ---------------------------------------------------------------- draft vocabulary

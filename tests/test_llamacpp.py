@@ -214,6 +214,8 @@ def test_what_the_backend_cannot_do_is_refused(tiny_gguf, target, tmp_path):
     for name in ("early-exit", "quantized", "head"):
         with pytest.raises(ConfigError, match="torch"):
             genspec.build_drafter(name, target)
+    with pytest.raises(ConfigError, match="torch"):  # before the plan is read
+        genspec.build_drafter("pruned", target, path=str(tmp_path / "plan.json"))
 
 
 # ------------------------------------------------------------------------------- choosing the backend

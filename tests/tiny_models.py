@@ -5,12 +5,13 @@ import torch
 
 
 def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 2, hidden: int = 64, dtype=torch.float64,
-               context: int = 256):
+               context: int = 256, kv_heads: int = 2):
+    """4 query heads sharing ``kv_heads`` key/value heads (2: grouped-query attention; 4: multi-head)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=kv_heads,
                          max_position_embeddings=context, tie_word_embeddings=False, bos_token_id=1,
                          eos_token_id=2, pad_token_id=0)
     return LlamaForCausalLM(config).to(dtype).eval()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from genspec import strict_json
 from genspec.drafters.hybrid import DEFAULT_LOOKUP
-from genspec.drafters.registry import DRAFTERS
+from genspec.drafters.registry import DRAFTERS, check_drafter
 from genspec.errors import ConfigError
 
 PLAIN = "plain"          # genspec plain decoding: the baseline of every speedup
@@ -141,6 +141,7 @@ def parse_method(text: str, draft_model: str | None = None, backend: str = "torc
         options.setdefault("draft_model", draft_model)
     if name == "hierarchical" and draft_model is not None:
         options.setdefault("draft_model", draft_model)
+    check_drafter(name, options)
     return MethodSpec(text.strip(), "genspec", name, options, overrides)
 
 

@@ -19,7 +19,8 @@ from genspec.drafters.medusa import MedusaDrafter
 from genspec.drafters.ngram_cache import NGramCacheDrafter
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.drafters.retrieval import RetrievalDrafter
-from genspec.drafters.self_speculation import EarlyExitDrafter, LayerSkipDrafter, QuantizedDrafter
+from genspec.drafters.self_speculation import (PLAN_NEEDED, EarlyExitDrafter, LayerSkipDrafter, PrunedDrafter,
+                                               QuantizedDrafter)
 from genspec.drafters.suffix import SuffixDrafter
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM
@@ -60,6 +61,7 @@ DRAFTERS: dict[str, Callable[..., Drafter] | None] = {
     "early-exit": EarlyExitDrafter.for_target,
     "layer-skip": LayerSkipDrafter.for_target,
     "quantized": QuantizedDrafter.for_target,
+    "pruned": PrunedDrafter.for_target,
     "hierarchical": hierarchical_drafter,
     "ngram-cache": NGramCacheDrafter.for_target,
     "suffix": SuffixDrafter.for_target,
@@ -92,11 +94,14 @@ def _check_option_types(name: str, factory: Callable, options: Mapping[str, obje
 
 
 def check_drafter(name: str, options: Mapping[str, object] | None = None) -> None:
-    """Refuse, before anything loads, an unknown drafter name and the draft-model drafter without a draft model."""
+    """Refuse, before anything loads, an unknown drafter name, the draft-model drafter without a draft model
+    and the pruned one without a plan."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}; choose from: {', '.join(DRAFTERS)}")
     if name == "draft-model" and (options or {}).get("draft_model") is None:
         raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
+    if name == PrunedDrafter.name and (options or {}).get("path") is None:
+        raise ConfigError(PLAN_NEEDED)
 
 
 def build_drafter(name: str, target: CausalLM, **options) -> Drafter | None:

@@ -4,6 +4,8 @@
   pass reuses the layers the draft computed (LayerSkip-style KV reuse, see :mod:`genspec.models.variants`).
 - ``layer-skip``: the target with some layers skipped (weights shared).
 - ``quantized``: an int8 (dynamic quantisation) copy of the target.
+- ``pruned``: the target structurally pruned by a plan of ``genspec calibrate prune`` (fewer heads, MLP
+  channels and/or layers; what it keeps whole is shared).
 
 Each is a :class:`~genspec.drafters.draft_model.DraftModelDrafter` over a variant model; they differ only
 in how that model is made from the target. Every one also takes ``draft_vocab_file`` (a
@@ -18,6 +20,7 @@ from genspec.drafters.draft_model import DraftModelDrafter
 from genspec.errors import ConfigError, InputFileError
 from genspec.models import variants
 from genspec.models.hf import HFCausalLM
+from genspec.speculators.store import target_fingerprint
 
 
 def read_vocab_file(path: str | None, vocab_size: int | None = None) -> list[int] | None:
@@ -112,3 +115,43 @@ class QuantizedDrafter(_SelfDrafter):
     @classmethod
     def variant(cls, target, vocab_subset):
         return variants.quantized(target, vocab_subset)
+
+
+#: the refusal of ``--drafter pruned`` without a plan
+PLAN_NEEDED = "drafter 'pruned' needs a pruning plan: -O path=PLAN.json (written by genspec calibrate prune)"
+
+
+def read_prune_plan(path: str | None, target: HFCausalLM) -> dict:
+    """The plan a ``genspec calibrate prune`` wrote to ``path`` for ``target``: its ``layers``, ``heads``
+    and ``channels``, and ``weights``: the file of its healed weights, or None (a plan made for another
+    model is refused)."""
+    if path is None:
+        raise ConfigError(PLAN_NEEDED)
+    plan = {key: read_calibration(path, key, list) for key in ("layers", "heads", "channels")}
+    if read_calibration(path, "fingerprint", str) != target_fingerprint(target):
+        raise ConfigError(f"{path}: the pruning plan was made for another model (its fingerprint differs from "
+                          "the target's); run genspec calibrate prune for this one")
+    healed = json.loads(Path(path).read_text()).get("healed")
+    if healed is not None and not (isinstance(healed, dict) and isinstance(healed.get("weights"), str)):
+        raise InputFileError(f'{path}: "healed" must name the file of the healed weights')
+    plan["weights"] = None if healed is None else Path(path).parent / healed["weights"]
+    return plan
+
+
+class PrunedDrafter(_SelfDrafter):
+    """Option ``path``: a pruning plan written by ``genspec calibrate prune`` (required): the target with
+    the heads, MLP channels and layers it names removed (and its healed weights, if it was healed) drafts
+    for the target."""
+
+    name = "pruned"
+
+    @classmethod
+    def variant(cls, target, vocab_subset, path: str | None = None):
+        plan = read_prune_plan(path, target)
+        try:
+            model = variants.pruned(target, plan["layers"], plan["heads"], plan["channels"], vocab_subset)
+        except ConfigError as exc:
+            raise InputFileError(f"{path}: not a pruning plan for this model: {exc}") from exc
+        if plan["weights"] is not None:  # healed by genspec calibrate prune --heal-steps
+            variants.load_own_weights(plan["weights"], model, target)
+        return model
