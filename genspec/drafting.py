@@ -1,12 +1,13 @@
-"""Calling a drafter for a group of requests: its offer, its costly draft, each checked; a drafter that fails
-(or drafts a law with NaN or inf) fails only the requests at fault, and the others go on."""
+"""Calling a drafter for a group of requests: its offer, its costly draft, each checked, and the target's predictions
+over its blocks for a drafter that reads them; a drafter that fails (or drafts a law with NaN or inf) fails only the
+requests at fault, and the others go on."""
 from __future__ import annotations
 
 import time
 
 import torch
 
-from genspec.drafters.base import Draft, Drafter, DraftOffer, DraftRequest
+from genspec.drafters.base import BlockPredictions, Draft, DraftBlock, Drafter, DraftOffer, DraftRequest
 from genspec.errors import GenerationError, NumericalError
 from genspec.requests import Request
 
@@ -34,6 +35,23 @@ def propose(drafter: Drafter, requests: list[Request], limits: list[int]) -> tup
 
     drafted, whole = guarded(drafter, requests, rows, draft, Draft.stack, Draft.empty(1))
     return usable(drafter, requests, drafted), reading if whole else 0.0
+
+
+def hand_predictions(drafter: Drafter, requests: list[Request], block: DraftBlock, predicted: torch.Tensor) -> None:
+    """Hand the drafter what the target predicted over its requests' blocks (``predicted`` ``[B, N]``: the
+    most likely token at each node of ``block``), per candidate chain (:class:`BlockPredictions`); requests
+    that failed this step get nothing, and one whose drafter fails on its predictions fails alone."""
+    live = [i for i, r in enumerate(requests) if r.finish_reason != "error"]
+    if not live:
+        return
+    tokens, predicted = block.tokens.tolist(), predicted.tolist()
+    rows = []
+    for i in live:
+        chains = block.chain_nodes(i)
+        rows.append(BlockPredictions(requests[i].id, len(requests[i].sequence),
+                                     tuple(tuple(tokens[i][n] for n in nodes) for nodes in chains),
+                                     tuple(tuple(predicted[i][n] for n in [0, *nodes]) for nodes in chains)))
+    guarded(drafter, [requests[i] for i in live], rows, drafter.read_predictions, lambda parts: None, None)
 
 
 def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:

@@ -138,7 +138,8 @@ class SpeculativeEngine:
         return len(self._waiting)
 
     def step(self) -> StepRecord:
-        """Admit queued requests, then draft, verify, accept, roll back and emit for every running one."""
+        """Admit queued requests, then draft, verify, accept, roll back and emit for every running one (after the
+        roll back, drafters that read them get the target's predictions over their blocks)."""
         started = time.perf_counter()
         record = StepRecord()
         for request in self._cancelled:
@@ -150,6 +151,7 @@ class SpeculativeEngine:
             groups = self._draft(record)
             self._verify(groups, record)
             self._commit(groups)
+            self._predictions(groups, record)
             self._emit(groups, record)
             leaving = [r for r in self._running if r.finish_reason is not None]
             failures = {r.id: r.exception for r in leaving}
@@ -401,8 +403,11 @@ class SpeculativeEngine:
 
     def _accept(self, group: Group, logits: torch.Tensor) -> Verdict:
         """Judge one group's block: the target's logits processed as the draft's were, by the group's rule
-        with each row's noise."""
+        with each row's noise (and, for a drafter that reads them, keep the target's predictions at the
+        block's nodes)."""
         target = target_law(logits, group.sampling, group.seen)
+        if group.reads_predictions:  # the argmax of what is already built: the tokens, or the laws
+            group.predicted = target.tokens if target.tokens is not None else target.probs.argmax(-1)
         return verify(group.candidates, target, group.rule, group.noise)
 
     def _commit(self, groups: list[Group]) -> None:
@@ -412,6 +417,17 @@ class SpeculativeEngine:
         for group in groups:
             keep[torch.tensor(group.rows), :group.verdict.path.shape[1]] = group.verdict.path
         self.target.keep_block(keep)
+
+    @staticmethod
+    def _predictions(groups: list[Group], record: StepRecord) -> None:
+        """Hand the drafters that read them the target's predictions over their blocks (their time is drafting
+        time: it is not the target's verify cost)."""
+        reading = [g for g in groups if g.predicted is not None]
+        if reading:
+            started = time.perf_counter()
+            for group in reading:
+                drafting.hand_predictions(group.drafter, group.requests, group.block, group.predicted)
+            record.draft_time_s += time.perf_counter() - started
 
     def _emit(self, groups: list[Group], record: StepRecord) -> None:
         """Append each row's accepted tokens and its next token; stop checks; statistics; policies."""

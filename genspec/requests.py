@@ -97,6 +97,7 @@ class Group:
     seen: torch.Tensor | None = None  # [B, N, V] each node's repetition-penalty mask (None: no row penalises)
     noise: Noise | None = None  # the rows' randomness at the block's positions (None: every row is greedy)
     verdict: Verdict | None = None
+    predicted: torch.Tensor | None = None  # [B, N] the target's most likely token at each node, if the drafter reads it
 
     def __post_init__(self):
         self.sampling: list[SamplingConfig] = [r.sampling for r in self.requests]
@@ -105,6 +106,11 @@ class Group:
     @property
     def drafter(self) -> Drafter | None:
         return self.requests[0].drafter
+
+    @property
+    def reads_predictions(self) -> bool:
+        """Does the group's drafter read the target's predictions over its blocks?"""
+        return self.drafter is not None and self.drafter.capabilities.reads_block_predictions
 
     def take_block(self, vocab_size: int, device: torch.device) -> None:
         """Form the block the target scores (node 0 each row's last token, then its draft) and what judging

@@ -7,10 +7,10 @@ from genspec.theory.stats import chi_square_pvalue  # noqa: F401 - the tests' im
 
 def lossless_pvalue(make_drafter, sampling, num_samples: int = 20_000, length: int = 3, k: int = 2,
                     seed: int = 0, vocab: int = 12, dtype=None, draft_length: str = "fixed", layers: int = 3,
-                    **acceptance):
-    """Decode ``num_samples`` rows of ``length`` tokens from a sharpened tiny Llama target (``layers``
-    layers: pick a target whose law is not near a point mass at the prompt, or the test sees nothing)
-    with the drafter ``make_drafter(target)`` and return (chi-square p-value of the joint law of the
+                    prompt: tuple[int, ...] = (3, 5, 7), **acceptance):
+    """Decode ``num_samples`` rows of ``length`` tokens after ``prompt`` from a sharpened tiny Llama target
+    (``layers`` layers: pick a target whose law is not near a point mass at the prompt, or the test sees
+    nothing) with the drafter ``make_drafter(target)`` and return (chi-square p-value of the joint law of the
     tokens against the exact target law, acceptance rate). ``acceptance``: a rule's settings
     (``rule``, ``epsilon``, ``delta``, ``residual``; default the standard rule, "overaccept")."""
     import torch
@@ -23,7 +23,7 @@ def lossless_pvalue(make_drafter, sampling, num_samples: int = 20_000, length: i
     acceptance.setdefault("rule", "overaccept")  # by name: "auto" would couple a seeded sampling drafter
     reference = peaked(tiny_llama(0, vocab=vocab, layers=layers, dtype=dtype or torch.float64))
     target = HFCausalLM(peaked(tiny_llama(0, vocab=vocab, layers=layers, dtype=dtype or torch.float64)))
-    prompt = [3, 5, 7]
+    prompt = list(prompt)
     engine = SpeculativeEngine(target, make_drafter(target))
     results = engine.generate_ids([prompt] * num_samples, max_new_tokens=length, num_draft_tokens=k,
                                   temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,

@@ -100,6 +100,7 @@ def _bad_drafter_inputs(tmp_path, model_dir):
         (gen + ["--drafter", "ngram-cache", "-O", f"corpus={tmp_path / 'nothing'}"], "corpus not found"),
         (gen + ["--drafter", "prompt-lookup", "-O", "min_ngram=0"], "min_ngram"),
         (gen + ["--drafter", "lookahead", "-O", "ngram_size=1"], "ngram_size"),
+        (gen + ["--drafter", "lookahead", "-O", "window=-1"], "lookahead window must be an integer >= 0, got -1"),
     ]
 
 

@@ -71,6 +71,8 @@ def model_free_drafters(plain_outputs):
         "edit-prompt-source": lambda batch: EditDrafter(),
         "lookahead": lambda batch: LookaheadDrafter(),
         "lookahead-tree": lambda batch: LookaheadDrafter(num_candidates=4),
+        "lookahead-pool": lambda batch: LookaheadDrafter(window=0),
+        "lookahead-pool-tree": lambda batch: LookaheadDrafter(num_candidates=4, window=0),
     }
 
 

@@ -2,11 +2,12 @@
 
 Life cycle (llama.cpp's, per request): the engine calls :meth:`Drafter.start` when requests join
 the batch; at every step, for the requests that use this drafter (each with its whole sequence so far),
-:meth:`Drafter.offer` (free tokens, or a costly draft to come) before the draft-length plan and
-:meth:`Drafter.propose` after it for the rows offered as costly (how many tokens each drafts); and :meth:`Drafter.finish` when
-requests leave (joins and leaves come in groups, so a model-based drafter prefills or frees them
-in one go). What the target kept is visible in the next call's sequences. A drafter keeps its own
-state (its own KV cache, tables, ...) per request and never touches the target's.
+:meth:`Drafter.offer` (free tokens, or a costly draft to come) before the draft-length plan,
+:meth:`Drafter.propose` after it for the rows offered as costly (how many tokens each drafts) and, for a
+drafter that reads them, :meth:`Drafter.read_predictions` after the target's pass; and
+:meth:`Drafter.finish` when requests leave (joins and leaves come in groups, so a model-based drafter
+prefills or frees them in one go). What the target kept is visible in the next call's sequences. A
+drafter keeps its own state (its own KV cache, tables, ...) per request and never touches the target's.
 """
 from __future__ import annotations
 
@@ -231,6 +232,13 @@ class DraftBlock:
     node_of: torch.Tensor | None
     lengths: torch.Tensor
 
+    def chain_nodes(self, row: int) -> list[list[int]]:
+        """Row ``row``'s candidate chains as block nodes, in the draft's order (an empty chain: ``[]``)."""
+        lengths = self.lengths[row].tolist()
+        if self.node_of is None:
+            return [list(range(1, lengths[0] + 1))]
+        return [self.node_of[row, m, :n].tolist() for m, n in enumerate(lengths)]
+
     def reached(self, row: int, path: list[int]) -> int:
         """How deep row ``row``'s draft went along ``path``, the nodes it had accepted in order: the length
         of its longest candidate that begins with them (a chain: its length). A tree's other branches may
@@ -241,6 +249,27 @@ class DraftBlock:
         n = len(path)
         return max((length for m, length in enumerate(lengths)
                     if length >= n and self.node_of[row, m, :n].tolist() == path), default=n)
+
+
+@dataclass(frozen=True)
+class BlockPredictions:
+    """What the target predicted over one request's verify block, for a drafter that
+    :attr:`~DrafterCapabilities.reads_block_predictions` (:meth:`Drafter.read_predictions`).
+
+    ``start``: the length of the request's sequence when it was drafted (the first draft token's index in
+    it). ``chains``: the row's candidate chains as verified (the draft after the plan cut it; a
+    :class:`Draft`'s chains in order, empty ones included); ``predicted[m]`` (``len(chains[m]) + 1``
+    tokens): the target's most likely token after the sequence and the first d tokens of ``chains[m]``,
+    for d = 0, 1, ... (d = 0: after the last committed token, the same in every chain). Most likely under
+    the request's own processing (its repetition penalty; temperature, top-k and top-p keep the argmax), so
+    for a greedy request the predictions along the kept path are the tokens it committed. Past the first
+    rejected token they are the target's guesses after a wrong one: a Jacobi iteration's next guesses.
+    """
+
+    request_id: int
+    start: int
+    chains: tuple[tuple[int, ...], ...]
+    predicted: tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -275,6 +304,10 @@ class DrafterCapabilities:
     - ``early_exit``: its drafts are the target's own first layers: a chain draft carries them over its
       verify block (:attr:`Draft.prefix`) and the target's pass reuses them where they fit
       (LayerSkip-style KV reuse, :class:`genspec.models.base.PrefixKV`).
+    - ``reads_block_predictions``: it reads what the target predicted over its verify blocks, also past the
+      first rejection (Lookahead decoding's Jacobi window): after each step's verification the engine hands
+      it, per request, the target's most likely token at every node of the block
+      (:meth:`Drafter.read_predictions`). For other drafters nothing of it is computed.
     """
 
     free: bool = False
@@ -287,6 +320,7 @@ class DrafterCapabilities:
     target_hidden_layers: tuple[int, ...] = ()
     samples_drafts: bool = False
     early_exit: bool = False
+    reads_block_predictions: bool = False
 
     def __post_init__(self):
         if self.costly is None:
@@ -391,6 +425,13 @@ class Drafter(ABC):
         draft needs whatever its depth. The engine times it apart, so the draft-length policy prices it once
         per draft, not per position (:class:`genspec.draft_length.DraftCost`). :meth:`propose` must work
         without it (it reads what was not read). Default: nothing (all drafting time is priced per position)."""
+
+    def read_predictions(self, predictions: list[BlockPredictions]) -> None:
+        """Take in what the target predicted over this step's verify blocks (one :class:`BlockPredictions`
+        per request of this drafter that did not fail this step), after verification and before the next
+        :meth:`offer`. Called only for a drafter that declares
+        :attr:`~DrafterCapabilities.reads_block_predictions`. The same request's predictions may come twice
+        (when the call raises, the engine calls again for each request alone). Default: nothing."""
 
     def block_tokens(self, depth: int) -> int:
         """The most draft tokens a costly draft ``depth`` tokens deep puts in one row's verify block: a

@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from dataclasses import replace
 
+from genspec.checks import integer
 from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext
 from genspec.drafters.enumeration import Enumeration
 from genspec.errors import ConfigError
@@ -26,8 +27,7 @@ RENUMBER = True
 
 
 def check_candidates(num_candidates: int) -> None:
-    if int(num_candidates) != num_candidates or num_candidates < 1:
-        raise ConfigError(f"num_candidates must be an integer >= 1, got {num_candidates}")
+    integer("num_candidates", num_candidates, minimum=1)
 
 
 class CandidateDrafter(Drafter):

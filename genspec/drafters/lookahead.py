@@ -1,35 +1,53 @@
-"""Lookahead decoding's n-gram pool (Fu et al. 2024) as a drafter, within the draft/verify interface.
+"""Lookahead decoding (Fu et al. 2024) as a drafter: an n-gram pool, fed by the text and by a Jacobi window.
 
-Full Lookahead decoding runs two branches in each target pass: a *lookahead branch* (a window of
-W positions x N-1 Jacobi iterations: the target re-predicts every window position in parallel, and
-each column's trajectory yields a new n-gram) and a *verification branch* (the pool's n-grams that
-start with the last token). The lookahead branch needs extra tokens with their own attention mask
-in the target's pass and their logits back; this interface gives a drafter neither (it only proposes
-tokens and sees what was kept in the next call's sequence), so what is implemented here is:
+Lookahead decoding runs two branches in each target pass: a *lookahead branch*, a window of guessed future
+tokens that the target re-predicts in parallel (Jacobi iterations), whose trajectories yield n-grams the
+text has not shown; and a *verification branch*, the pool's n-grams that start with the last token. Here
+both are candidates of one draft, verified in one target pass:
 
-- the pool: ``pool[t]`` holds the ``pool_size`` most recent distinct (N-1)-grams that followed token
-  t, fed by every committed token (prompt and output);
-- the draft's own Jacobi trajectory: after a rejection, the rest of the rejected draft (the tokens
-  drafted after the rejected one) is kept as the guess for the positions after the target's
-  correction, as a Jacobi iteration would start from it; it is one more candidate;
-- verification: up to ``num_candidates`` pool n-grams starting with the last token (most recent
-  first, each chained through the pool up to the draft length) and the trajectory, as one token tree
-  (the engine merges shared prefixes); with ``num_candidates == 1`` only the most recent n-gram.
+- the pool: ``pool[t]`` holds the ``pool_size`` most recent distinct (N-1)-grams that followed token t, fed
+  by every committed token (prompt and output) and by the window's predictions;
+- the verification branch: up to ``num_candidates`` pool n-grams starting with the last token (most recent
+  first, each chained through the pool up to the draft length);
+- the lookahead branch (``window`` W > 0): W guesses ``g_1..g_W`` of the tokens after the last one, drafted
+  as one more candidate chain. The target's pass over ``[last, g_1..g_W]`` is a Jacobi iteration: its most
+  likely token after ``g_i`` is the next guess for position i + 1, and the prefix of guesses that matches
+  those predictions is what greedy verification accepts anyway. So the engine hands the drafter the
+  target's predictions at every node of its block, also past the first rejection
+  (:attr:`~genspec.drafters.base.DrafterCapabilities.reads_block_predictions`), and the drafter refreshes
+  the window from them: each position's guess over the steps is that column's trajectory. Every prediction
+  with the N-1 tokens it followed in the chain is an n-gram the target produced, added to the pool (in the
+  paper's 2-D window each new token attends to the N-1 earlier guesses along its diagonal, so its n-gram
+  is that diagonal; in one causal chain the N-1 tokens a prediction follows are the window's own).
+  Guesses the target has not refreshed yet are kept; a short window is extended through the pool, and an
+  empty one (the first step, or after the target accepted all of it) starts from the sequence's last W
+  tokens, as the paper starts from prompt tokens.
 
-Whether it pays (measured on the embedded Gemma 3 270M, greedy, 2-core CPU: 1.96x plain against 2.25x
-for prompt lookup, ``genspec bench --methods "prompt-lookup,lookahead" --num-prompts 1 --repeats 2``):
-the pool without the lookahead branch is a unigram-keyed prompt lookup, so it drafts less precisely than
-``prompt-lookup`` (which matches up to 4 tokens of context), and the trajectory
-candidate is rarely right. Drafts are deterministic (``probs=None``), so it is lossless either way.
+Evidence (per row, for the draft-length policy): ``"pool"`` where a pool n-gram starts the draft,
+``"jacobi"`` where only the window does (None with ``window=0``). Drafts are deterministic (``probs`` None),
+and for a sampled request the window is a point-mass candidate like the others, so it is lossless either
+way. With ``window=0`` (the pool only), after a rejection the rest of the rejected draft is kept as the
+guess for the positions after the correction and verified as the last of ``num_candidates`` chains (a
+Jacobi step that never sees the target's predictions).
+
+Whether the window pays: the pool alone measured 1.96x plain against 2.25x for prompt lookup (embedded
+Gemma 3 270M, greedy, 2-core CPU, an early run: ``genspec bench --methods "prompt-lookup,lookahead"
+--num-prompts 1 --repeats 2``): a unigram-keyed prompt lookup drafts less precisely than ``prompt-lookup``.
+The window costs up to W more tokens in each verify block; ``docs/drafters/lookup.md`` gives the command
+that compares the two.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
-from genspec.drafters.base import RequestContext
+from genspec.checks import integer
+from genspec.drafters.base import BlockPredictions, RequestContext
 from genspec.drafters.candidates import CandidateDrafter
 from genspec.drafters.ngrams import common_prefix_length
-from genspec.errors import ConfigError
+
+#: guessed positions in the Jacobi window by default
+DEFAULT_WINDOW = 4
 
 
 class _Pool:
@@ -73,32 +91,109 @@ class _Pool:
 
 
 class _Row:
-    """One request: its pool, and its last proposal (sequence length then, chains)."""
+    """One request: its pool, its last proposal (sequence length then, chains), and its Jacobi window."""
 
     def __init__(self, ngram_size: int, pool_size: int):
         self.pool = _Pool(ngram_size, pool_size)
         self.last: tuple[int, list[list[int]]] = (0, [])
+        #: the window's guesses: (the sequence index of the first, the guesses in order)
+        self.window: tuple[int, list[int]] = (0, [])
+        #: the window last drafted (the sequence length then, its guesses), until the target's predictions come
+        self.proposed: tuple[int, list[int]] | None = None
+        #: False once a drafted window got no predictions back (proposed for outside the engine's step)
+        self.jacobi = True
 
 
 class LookaheadDrafter(CandidateDrafter):
-    """N-gram pool plus Jacobi trajectory (see the module docstring for what is and is not lookahead).
+    """Lookahead decoding: an n-gram pool and a Jacobi window (module docstring).
 
-    Options: ``ngram_size`` N (pool n-grams hold N-1 draft tokens); ``pool_size`` n-grams kept per
-    key token; ``num_candidates`` chains verified as a tree (pool n-grams and the trajectory).
+    Options: ``ngram_size`` N (pool n-grams hold N-1 draft tokens); ``pool_size`` n-grams kept per key token;
+    ``num_candidates`` pool chains verified (as a tree); ``window`` W guessed positions of the Jacobi window,
+    one more chain (0: the pool only).
     """
 
     name = "lookahead"
 
-    def __init__(self, ngram_size: int = 4, pool_size: int = 8, num_candidates: int = 1):
-        if int(ngram_size) != ngram_size or ngram_size < 2:
-            raise ConfigError(f"lookahead ngram_size must be an integer >= 2, got {ngram_size}")
-        if int(pool_size) != pool_size or pool_size < 1:
-            raise ConfigError(f"lookahead pool_size must be an integer >= 1, got {pool_size}")
+    def __init__(self, ngram_size: int = 4, pool_size: int = 8, num_candidates: int = 1,
+                 window: int = DEFAULT_WINDOW):
+        ngram_size = integer("lookahead ngram_size", ngram_size, minimum=2)
+        pool_size = integer("lookahead pool_size", pool_size, minimum=1)
+        window = integer("lookahead window", window, minimum=0)
         super().__init__(num_candidates)
-        self.ngram_size, self.pool_size = int(ngram_size), int(pool_size)
+        self.ngram_size, self.pool_size, self.window = ngram_size, pool_size, window
+        self.pool_candidates = self.num_candidates
+        if window:
+            self.capabilities = replace(self.capabilities, max_candidates=self.pool_candidates + 1,
+                                        reads_block_predictions=True)
 
     def new_row(self, context: RequestContext) -> _Row:
         return _Row(self.ngram_size, self.pool_size)
+
+    def candidates(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[list[int]], str | None]:
+        row.pool.sync(sequence)
+        chains = [row.pool.chain(gram, limit) for gram in row.pool.candidates(sequence[-1], self.pool_candidates)]
+        evidence = None
+        if self.window:
+            guess = self._window(row, sequence)[:limit]
+            evidence = "pool" if chains else "jacobi" if guess else None
+            if guess and guess not in chains:
+                chains.append(guess)
+        elif self.pool_candidates > 1:
+            guess = self._trajectory(row, sequence, limit)
+            if guess and guess not in chains:
+                chains = chains[:self.pool_candidates - 1] + [guess]
+        row.last = (len(sequence), chains)
+        return chains, evidence
+
+    def read_predictions(self, predictions: list[BlockPredictions]) -> None:
+        """Refresh each row's window from the target's predictions along the chain it drafted (a Jacobi
+        iteration) and add the n-grams those predictions make to its pool."""
+        for block in predictions:
+            row = self._rows.get(block.request_id)
+            if row is None or not row.jacobi or not block.chains:
+                continue
+            proposed = row.proposed[1] if row.proposed is not None and row.proposed[0] == block.start else []
+            row.proposed = None
+            # the window as verified: the chain that shares most with it (list renumbering may have changed a
+            # token; a window equal to a pool chain was merged into it), else the longest: any chain the target
+            # scored is a Jacobi iterate
+            m = max(range(len(block.chains)),
+                    key=lambda m: (common_prefix_length(block.chains[m], proposed), len(block.chains[m])))
+            chain, predicted = list(block.chains[m]), list(block.predicted[m])
+            guesses = predicted  # position start + d: the target's token after the chain's first d
+            if chain == proposed[:len(chain)]:
+                guesses = guesses + proposed[len(chain) + 1:]  # guesses the plan cut off keep their place
+            row.window = (block.start, guesses)
+            self._learn(row, block.start, chain, predicted)
+
+    def _learn(self, row: _Row, start: int, chain: list[int], predicted: list[int]) -> None:
+        """Add to the pool each prediction after a chain token with the N-1 tokens it followed (the sequence's
+        last ones, then the chain's)."""
+        n = self.ngram_size
+        before = row.pool.tokens[max(0, start - n + 1):start] if len(row.pool.tokens) >= start else []
+        context = before + chain
+        for i in range(1, len(chain) + 1):
+            end = len(before) + i  # where prediction i would sit in ``context``
+            if end >= n - 1:
+                row.pool.add(context[end - n + 1], tuple(context[end - n + 2:end]) + (predicted[i],))
+
+    def _window(self, row: _Row, sequence: list[int]) -> list[int]:
+        """The window's W guesses for the positions after ``sequence``: those not yet committed, extended
+        through the pool; the sequence's last W tokens where there are none."""
+        length = len(sequence)
+        if row.proposed is not None and row.proposed[0] != length:
+            row.jacobi = False  # the sequence moved on and the target's predictions never came
+        if not row.jacobi:
+            return []
+        start, guesses = row.window
+        guesses = guesses[length - start:] if start <= length else []
+        if guesses:
+            guesses = row.pool.chain(tuple(guesses), self.window)
+        else:
+            following = row.pool.candidates(sequence[-1], 1)
+            guesses = row.pool.chain(following[0], self.window) if following else sequence[-self.window:]
+        row.proposed = (length, guesses)
+        return guesses
 
     @staticmethod
     def _trajectory(row: _Row, sequence: list[int], limit: int) -> list[int]:
@@ -111,13 +206,3 @@ class LookaheadDrafter(CandidateDrafter):
             if accepted < len(draft) and draft[:accepted] == new[:-1] and draft[accepted] != new[-1]:
                 return draft[accepted + 1:accepted + 1 + limit]
         return []
-
-    def candidates(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[list[int]], None]:
-        row.pool.sync(sequence)
-        chains = [row.pool.chain(gram, limit) for gram in row.pool.candidates(sequence[-1], self.num_candidates)]
-        if self.num_candidates > 1:
-            guess = self._trajectory(row, sequence, limit)
-            if guess and guess not in chains:
-                chains = chains[:self.num_candidates - 1] + [guess]
-        row.last = (len(sequence), chains)
-        return chains, None

@@ -44,11 +44,15 @@ def hierarchical_drafter(target: CausalLM, levels: list[str] | str = DEFAULT_LEV
     if len(names) < 2:
         raise ConfigError("hierarchical drafting needs at least two levels, e.g. prompt-lookup,quantized")
     stack = []
-    for name in names:
+    for depth, name in enumerate(names):
         if name in (HierarchicalDrafter.name, "none") or name not in DRAFTERS:
             raise ConfigError(f"unknown or unstackable level {name!r} in hierarchical levels")
         options = {"draft_model": draft_model} if name == "draft-model" else {}
-        stack.append((name, build_drafter(name, target, **options)))
+        level = build_drafter(name, target, **options)
+        if depth < len(names) - 1 and level.capabilities.max_candidates > 1:
+            raise ConfigError(f"level {name!r} drafts trees ({level.capabilities.max_candidates} candidates); a level "
+                              "below another must draft chains")
+        stack.append((name, level))
     return HierarchicalDrafter.stack(stack)
 
 
