@@ -26,7 +26,7 @@ from genspec.speculators.distilled import DraftConfig
 from genspec.speculators.recurrent import RecurrentDraft, RecurrentLM
 from genspec.speculators.store import load_head, save_head, target_fingerprint
 from genspec.train.data import choose_vocabulary, record_features
-from genspec.train.loop import CHECKPOINT, load_checkpoint, train_head
+from genspec.train.loop import CHECKPOINT, load_checkpoint, resumable_state, train_head
 from genspec.train.settings import TrainSettings
 
 #: the draft vocabulary of the model-level tests (of the tiny target's 64 tokens; the rest map to "other")
@@ -230,6 +230,17 @@ def test_training_a_recurrent_draft_lowers_the_loss_and_an_interrupted_run_resum
     assert sum(s.stats.accepted_tokens for s in spec) > 0
 
 
+def test_a_checkpoint_written_before_drafts_had_an_arch_resumes_as_a_transformer(tmp_path):
+    """A shape field the checkpoint lacks is the field's default (the draft's ``arch``: transformer)."""
+    config = DraftConfig(64, 10)
+    saved = {key: value for key, value in config.as_dict().items() if key != "arch"}
+    torch.save({"head": {}, "optimizer": {}, "schedule": {}, "generator": torch.Generator().get_state(), "step": 1,
+                "log": {"config": saved}}, tmp_path / CHECKPOINT)
+    assert resumable_state(tmp_path, config)["step"] == 1
+    with pytest.raises(ConfigError, match="arch: 'transformer' in the checkpoint, 'gru' asked"):
+        resumable_state(tmp_path, replace(config, arch="gru"))
+
+
 # ------------------------------------------------------------------------------ command line and server
 @pytest.fixture(scope="module")
 def saved_draft(tiny_model_dir, tmp_path_factory):
@@ -247,7 +258,8 @@ def test_generate_with_a_recurrent_draft_and_bad_options_refused(capsys, tiny_mo
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "the cat sat", "--max-new-tokens", "12", "--json"]
     assert main(base + ["--drafter", "none"]) == 0
     plain = json.loads(capsys.readouterr().out)
-    for extra in (["--drafter", "draft", "-O", f"path={saved_draft}"], ["--drafter", "draft-model", "--draft-model", str(saved_draft)]):
+    for extra in (["--drafter", "draft", "-O", f"path={saved_draft}"],
+                  ["--drafter", "draft-model", "--draft-model", str(saved_draft)]):
         assert main(base + extra + ["-k", "3", "--draft-length", "fixed"]) == 0
         spec = json.loads(capsys.readouterr().out)
         assert spec["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]

@@ -5,10 +5,13 @@ tokens), after a prompt of each ``--contexts`` length, for the transformer draft
 over the embedded model's vocabulary sizes (an 8,192-token draft vocabulary, 262,144 target tokens). A second
 table: reading a prompt of each length (a request's first draft).
 
-    python benchmarks/costs/recurrent_draft_cost.py --out benchmarks/results/costs/recurrent_draft_cost.txt
+    python benchmarks/costs/recurrent_draft_cost.py --threads 1 --clock cpu \
+        --out benchmarks/results/costs/recurrent_draft_cost.txt
 
 Weights do not change the time: the drafts are random. Greedy, one request. Cells: median ms per ``propose`` over
-``--repeats`` calls, the networks alternated call by call; the prompt's reading: median of 3.
+``--repeats`` calls, the networks alternated call by call; the prompt's reading: median of 3. ``--clock cpu``: the
+process's CPU time instead of wall time, with ``--threads 1`` what a call costs on a machine others load (there a
+2-thread kernel waits for whichever of its threads was descheduled, and wall times mean little).
 """
 from __future__ import annotations
 
@@ -40,8 +43,13 @@ def main() -> None:
     parser.add_argument("--contexts", default="128,1024,4096", help="comma-separated prompt lengths")
     parser.add_argument("--tokens", type=int, default=1, help="draft tokens per propose")
     parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--out", type=Path, help="also write the tables here")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     archs = ("transformer", "gru", "lstm")
     contexts = [int(c) for c in args.contexts.split(",")]
     generator = torch.Generator().manual_seed(0)
@@ -54,15 +62,15 @@ def main() -> None:
         for arch, d in drafters.items():
             for _ in range(3):  # the prompt's reading: a fresh row each time
                 d.finish([0])
-                start = time.perf_counter()
+                start = clock()
                 d.propose([DraftRequest(0, sequences[arch], args.tokens)])
-                reads.setdefault((arch, context), []).append(time.perf_counter() - start)
+                reads.setdefault((arch, context), []).append(clock() - start)
         for _ in range(args.repeats):
             for arch, d in drafters.items():
                 # the target kept the draft and added a token: the next propose reads that one, then drafts
-                start = time.perf_counter()
+                start = clock()
                 draft = d.propose([DraftRequest(0, sequences[arch], args.tokens)])
-                steps.setdefault((arch, context), []).append(time.perf_counter() - start)
+                steps.setdefault((arch, context), []).append(clock() - start)
                 sequences[arch] += draft.first_chain(0) + [int(torch.randint(0, DRAFT_VOCAB, (1,), generator=generator))]
 
     def table(title: str, cells: dict) -> list[str]:
@@ -72,7 +80,8 @@ def main() -> None:
                                                      for arch in archs))
         return lines
 
-    lines = [f"# {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; median ms",
+    lines = [f"# {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; median ms of "
+             f"{'CPU' if args.clock == 'cpu' else 'wall'} time",
              *table(f"propose ({args.tokens} draft token(s)) after the context, {args.repeats} calls:", steps),
              *table("reading the context (a request's first draft), 3 calls:", reads)]
     print("\n".join(lines))
