@@ -3,7 +3,8 @@
 - ``head``: an EAGLE-style draft head on the target's own features (:mod:`genspec.speculators.head`), used
   with ``--drafter head -O path=DIR``;
 - ``medusa``: Medusa-1 heads on the target's last feature, used with ``--drafter medusa -O path=DIR``;
-- ``draft``: a tiny standalone draft model distilled from the target, ``--drafter draft -O path=DIR``.
+- ``draft``: a tiny standalone draft model distilled from the target (a transformer, or with ``--arch gru|lstm`` a
+  recurrent network), ``--drafter draft -O path=DIR``.
 
 Data: the target's own greedy continuations of Spec-Bench prompts that ``genspec bench`` never measures
 (from the 6th prompt of each category on; bench measures the first ``--num-prompts``, at most 5 are
@@ -25,7 +26,7 @@ from genspec.cli.options import add_options
 from genspec.drafters.registry import DRAFTERS
 from genspec.errors import ConfigError, InputFileError
 from genspec.models.hf import HFCausalLM
-from genspec.speculators.distilled import DraftConfig
+from genspec.speculators.distilled import DRAFT_ARCHS, DraftConfig
 from genspec.speculators.head import HeadConfig
 from genspec.speculators.medusa import MedusaConfig
 from genspec.speculators.store import HEAD_CONFIG, target_fingerprint
@@ -50,7 +51,8 @@ BENCH_PROMPTS_EXCLUDED = 5
 
 KINDS = {"head": "an EAGLE-style draft head on the target's own features (one decoder layer, or --layers N)",
          "medusa": "Medusa-1 heads: K residual blocks on the target's last feature",
-         "draft": "a tiny standalone draft model with the target's tokenizer, distilled from its laws"}
+         "draft": "a tiny standalone draft model with the target's tokenizer, distilled from its laws (a transformer, "
+                  "or --arch gru|lstm)"}
 
 
 def add_parser(subparsers) -> None:
@@ -82,8 +84,11 @@ def add_parser(subparsers) -> None:
         if kind == "medusa":
             p.add_argument("--num-heads", type=int, default=4, help="heads (the longest draft)")
         if kind == "draft":
+            p.add_argument("--arch", choices=DRAFT_ARCHS, default="transformer",
+                           help="the draft's network: a Llama (default), or a stack of GRU or LSTM layers, whose cost "
+                                "per draft token does not grow with the context")
             p.add_argument("--width", type=int, default=256, help="the draft's hidden size")
-            p.add_argument("--layers", type=int, default=2, help="the draft's transformer layers")
+            p.add_argument("--layers", type=int, default=2, help="the draft's transformer (or recurrent) layers")
         add_options(p, "seed", seed={"default": 0})
         p.add_argument("--sequences", metavar="FILE", help="reuse the training sequences of an earlier run "
                        "(its sequences.json; skips the target's continuations)")
@@ -178,7 +183,8 @@ def run(args) -> int:
                                              feature_layers=feature_layers),
                   "medusa": lambda: MedusaConfig(target.config.hidden_size, args.num_heads),
                   "draft": lambda: DraftConfig(target.config.hidden_size, len(vocab) + 1, width=args.width,
-                                               num_layers=args.layers, max_positions=target.max_context or 8192)
+                                               num_layers=args.layers, max_positions=target.max_context or 8192,
+                                               arch=args.arch)
                   }[args.kind]
         config = config()
         if args.resume:  # before the target's features are recorded: a checkpoint of another shape fails now

@@ -1,11 +1,12 @@
 """``draft``: the distilled draft model (``genspec train draft``) drafting as any draft model does
-(:class:`genspec.drafters.draft_model.DraftModelDrafter`: its own KV cache, chains sampled from its
-processed law, multi-draft trees with ``num_drafts``)."""
+(:class:`genspec.drafters.draft_model.DraftModelDrafter`: its own cache, chains sampled from its
+processed law, multi-draft trees with ``num_drafts``). Its network is the one the saved directory holds: a
+transformer with its KV cache, or a GRU or LSTM (``genspec train draft --arch gru|lstm``) whose cache is its
+recurrent state after each token (:class:`genspec.speculators.recurrent.RecurrentLM`)."""
 from __future__ import annotations
 
 from genspec.drafters.draft_model import DraftModelDrafter
 from genspec.drafters.trained import load_for_target
-from genspec.speculators.distilled import DistilledLM
 
 
 class DistilledDrafter(DraftModelDrafter):
@@ -17,5 +18,5 @@ class DistilledDrafter(DraftModelDrafter):
     def for_target(cls, target, path: str | None = None, num_drafts: int = 1,
                    confidence_threshold: float = 0.0) -> "DistilledDrafter":
         draft, vocab_ids = load_for_target(target, path, "draft")
-        model = DistilledLM(draft.to(target.dtype), vocab_ids, target.vocab_size, target.tokenizer)
+        model = draft.to(target.dtype).as_model(vocab_ids, target.vocab_size, target.tokenizer)
         return cls(model, num_drafts=num_drafts, confidence_threshold=confidence_threshold)

@@ -1,6 +1,7 @@
-"""The distilled draft model (``genspec train draft``): a tiny standalone transformer with the target's
-tokenizer, trained on the target's own laws (soft labels, DistillSpec-style), usable wherever a draft
-model is (``--drafter draft``, ``--draft-model DIR``, a level of ``hierarchical``).
+"""The distilled draft model (``genspec train draft``): a tiny standalone transformer (or a recurrent
+network, ``--arch gru|lstm``: :mod:`genspec.speculators.recurrent`) with the target's tokenizer, trained on the
+target's own laws (soft labels, DistillSpec-style), usable wherever a draft model is (``--drafter draft``,
+``--draft-model DIR``, a level of ``hierarchical``).
 
 Its vocabulary is the target's most frequent output tokens (as the heads'), plus one "other" input
 token for the rest: a 262k-row embedding would be 67 MB at width 128 and mostly untrained. At the
@@ -14,12 +15,18 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from genspec.errors import ConfigError
 from genspec.models.hf import HFCausalLM
+
+#: the networks a distilled draft can be: a Llama, or a stack of GRU or LSTM layers
+DRAFT_ARCHS = ("transformer", "gru", "lstm")
 
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """The draft's shape. ``hidden_size`` is the target's (unused: recorded so loading can check)."""
+    """The draft's shape. ``hidden_size`` is the target's (unused: recorded so loading can check).
+    ``arch``: one of :data:`DRAFT_ARCHS` (a draft saved without one is a transformer); a recurrent draft
+    reads ``width`` and ``num_layers`` only."""
 
     hidden_size: int
     vocab_size: int  # the draft's own vocabulary, "other" included
@@ -29,6 +36,11 @@ class DraftConfig:
     num_kv_heads: int = 2
     intermediate_size: int = 768
     max_positions: int = 2048
+    arch: str = "transformer"
+
+    def __post_init__(self):
+        if self.arch not in DRAFT_ARCHS:
+            raise ConfigError(f"a draft's arch is one of {', '.join(DRAFT_ARCHS)}, got {self.arch!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -57,6 +69,10 @@ class DistilledDraft(nn.Module):
     def forward(self, local_ids: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, n, S]`` over the draft's vocabulary, "other" left out (it is never drafted)."""
         return self.model(input_ids=local_ids).logits[..., :-1]
+
+    def as_model(self, vocab_ids: list[int], full_vocab_size: int, tokenizer=None) -> "DistilledLM":
+        """This draft as a :class:`genspec.models.base.CausalLM` over the target's vocabulary."""
+        return DistilledLM(self, vocab_ids, full_vocab_size, tokenizer)
 
 
 def local_ids(vocab_ids: list[int], full_vocab_size: int, device=None) -> torch.Tensor:

@@ -10,7 +10,7 @@ import math
 import pickle
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 import torch
@@ -155,7 +155,9 @@ def resumable_state(out: str | Path, config=None) -> dict:
         raise InputFileError(f"{path} is not a genspec training checkpoint (it lacks {', '.join(sorted(keys))})")
     if config is None:
         return state
-    saved, wanted = state["log"].get("config") or {}, config.as_dict()
+    # a field the checkpoint lacks was added after it was written: it trained with the field's default
+    defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
+    saved, wanted = {**defaults, **(state["log"].get("config") or {})}, config.as_dict()
     differences = [f"{key}: {saved.get(key)!r} in the checkpoint, {value!r} asked" for key, value in wanted.items()
                    if _plain(saved.get(key)) != _plain(value)]
     if differences:

@@ -10,7 +10,8 @@ its own imperfect predictions.
 Medusa heads (:func:`medusa_loss`): head j, from feature f_i, learns the target's law at i + 2 + j
 (self-distillation: the cross-entropy against the law of the true f_{i+1+j}), weighted 0.8^j as in Medusa.
 
-Distilled draft (:func:`draft_loss`): the target's law of each next token, soft labels (DistillSpec-style).
+Distilled draft (:func:`draft_loss`): the target's law of each next token, soft labels (DistillSpec-style),
+whatever the draft's network (a transformer, or a GRU or LSTM stack).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 from genspec.speculators.distilled import DistilledDraft
 from genspec.speculators.head import DraftHead
 from genspec.speculators.medusa import MedusaHeads
+from genspec.speculators.recurrent import RecurrentDraft
 from genspec.train.settings import TrainSettings
 
 
@@ -106,7 +108,7 @@ def medusa_loss(heads: MedusaHeads, teacher: Teacher, tokens: torch.Tensor, feat
     return total, features.new_zeros(()), first, agree
 
 
-def draft_loss(draft: DistilledDraft, teacher: Teacher, tokens: torch.Tensor, features: torch.Tensor,
+def draft_loss(draft: DistilledDraft | RecurrentDraft, teacher: Teacher, tokens: torch.Tensor, features: torch.Tensor,
                mask: torch.Tensor, settings: TrainSettings, generator: torch.Generator | None = None):
     """Like :func:`head_loss` for the distilled draft model (no regression): reading tokens 0..n-2 it
     learns the target's law of tokens 1..n-1 (from f_0..f_{n-2}) over its vocabulary, soft labels."""
