@@ -42,7 +42,7 @@ from genspec.sampling import apply_repetition_penalty, process_logits, seen_mask
 #: the least share of the smaller vocabulary the two tokenizers must have in common (``min_shared``). A
 #: sampled draft can only propose shared tokens: the target's probability on the others is never a draft's
 #: to win, and the draft's own probability on its others is cut away before it draws. Tokenizers that share
-#: less than half are likely to split text into different units (characters against words, another script, another
+#: less than half are likely to split text into different units (another script, another
 #: normalisation), and their sampled drafts would mostly be rejected at a draft model's cost. It is a guard
 #: against a mismatched pair, not a measured optimum: ``-O min_shared=0`` lifts it (greedy drafts, re-encoded
 #: as text, do not use the shared tokens).
