@@ -229,3 +229,19 @@ def test_cli_refuses_a_draft_tokenizer_that_shares_too_little_in_one_line(capsys
     assert "under min_shared=0.5" in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert main(argv + ["-O", "min_shared=abc"]) == 2
     assert "min_shared='abc': expected float" in capsys.readouterr().err
+
+
+def test_bench_runs_it_beside_transformers_universal_assisted_generation(capsys, cross_dirs, tmp_path):
+    """``genspec bench`` reaches it by name, and ``hf-assisted`` with the same draft model is transformers'
+    universal assisted generation (its ``tokenizer`` and ``assistant_tokenizer`` passed to ``generate()``)."""
+    target_dir, draft_dir = cross_dirs
+    method = "draft-model:draft_length=fixed"
+    argv = ["bench", "--model", str(target_dir), "--draft-model", str(draft_dir), "--categories", "qa",
+            "--num-prompts", "1", "--max-new-tokens", "6", "--repeats", "1", "--methods", f"{method},hf-assisted",
+            "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    runs = {r["method"]: r for r in results["runs"] if r["phase"] == "main"}
+    assert runs[method]["matches_plain"] is True and runs[method]["stats"]["drafted_tokens"] > 0
+    assert runs["hf-assisted"]["error"] is None and runs["hf-assisted"]["matches_reference"] is True
+    assert results["settings"]["hf_generate"]["hf-assisted"]["assistant_tokenizer"] == f"<tokenizer {draft_dir}>"
