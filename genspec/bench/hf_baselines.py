@@ -22,6 +22,7 @@ import time
 import torch
 
 from genspec.bench.methods import MethodSpec
+from genspec.drafters.cross_tokenizer import same_vocabulary
 from genspec.errors import InputFileError
 from genspec.sampling import SamplingConfig
 
@@ -50,7 +51,7 @@ def assistant_tokenizers(target_tokenizer, draft_path) -> dict:
         draft = AutoTokenizer.from_pretrained(draft_path, local_files_only=True)
     except (OSError, ValueError):
         return {}
-    if target_tokenizer is None or draft.get_vocab() == target_tokenizer.get_vocab():
+    if target_tokenizer is None or same_vocabulary(draft, target_tokenizer):
         return {}
     return {"tokenizer": target_tokenizer, "assistant_tokenizer": draft}
 

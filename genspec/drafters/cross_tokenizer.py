@@ -146,14 +146,19 @@ def continuation_ids(tokenizer, committed: list[int], text: str) -> list[int]:
     return ids[max(ends):] if ends else _encode(tokenizer, text)
 
 
+def same_vocabulary(tokenizer, other) -> bool:
+    """Whether two tokenizers have the same tokens at the same ids."""
+    return tokenizer.get_vocab() == other.get_vocab()
+
+
 def same_tokenizer(target: CausalLM, draft: CausalLM) -> bool:
     """Whether ``draft`` reads and writes the target's token ids: the same vocabulary size and, where both
-    have a tokenizer, the same tokens at the same ids (a model without a tokenizer is taken at its size)."""
+    have a tokenizer, :func:`same_vocabulary` (a model without a tokenizer is taken at its size)."""
     if draft.vocab_size != target.vocab_size:
         return False
     if target.tokenizer is None or draft.tokenizer is None:
         return True
-    return target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
+    return same_vocabulary(target.tokenizer, draft.tokenizer)
 
 
 class CrossTokenizerDrafter(Drafter):
