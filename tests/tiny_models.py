@@ -118,3 +118,87 @@ def early_exit_setup(model, exit_layer: int, prompt: list[int], drafts: list[int
     draft.forward(torch.tensor([prompt + drafts]))
     draft.commit_all()
     return reused, fresh, draft
+
+
+#: the words of :func:`word_tokenizer` after ``<unk> <bos> <eos>`` (ids 3..11: a 12-token vocabulary)
+TARGET_WORDS = ("the", "cat", "dog", "sat", "on", "mat", "a", "ran", ".")
+#: the pieces of :func:`piece_tokenizer` after ``<unk> <s> </s>``: six of the target's words whole (the, cat,
+#: sat, on, a, ran), dog and mat in two pieces, words the target lacks, and a "." that is not the target's
+#: (which decodes after a space); then the metaspace and single letters
+DRAFT_PIECES = ("▁the", "▁cat", "▁sat", "▁on", "▁a", "▁ran", "▁big", "▁red", "▁d", "og", "▁m", "at", ".")
+
+
+def word_tokenizer(words=TARGET_WORDS):
+    """A word-level tokenizer built in code: ``<unk> <bos> <eos>`` then ``words``; text split at whitespace
+    and punctuation, tokens decoded joined by spaces (no decoder)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<bos>": 1, "<eos>": 2}
+    for word in words:
+        vocab[word] = len(vocab)
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<bos>",
+                                   eos_token="<eos>")
+
+
+def piece_tokenizer(pieces=DRAFT_PIECES):
+    """A SentencePiece-style unigram tokenizer built in code: ``<unk> <s> </s>``, ``pieces`` (preferred),
+    then the metaspace and every letter they use, so any lower-case text encodes; ``▁`` marks a space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    letters = sorted(set("".join(pieces + TARGET_WORDS)) - {"▁", "."})
+    vocab = ([(s, 0.0) for s in ("<unk>", "<s>", "</s>")] + [(p, -1.0) for p in pieces]
+             + [(c, -10.0) for c in ["▁"] + letters])
+    tokenizer = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def word_target(seed: int = 2, layers: int = 2, dtype=torch.float64):
+    """A tiny Llama over :func:`word_tokenizer`'s 12 tokens whose head never favours its special tokens (their
+    rows are 0), so its greedy text is words (seed 2, 2 layers: "mat dog cat cat ..." after "the cat sat on"),
+    which a draft of another tokenizer can propose."""
+    model = tiny_llama(seed, vocab=len(TARGET_WORDS) + 3, layers=layers, dtype=dtype)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[:3] = 0
+    return model
+
+
+def translated_copy(target_model, draft_tokenizer, target_tokenizer, seed: int = 1, layers: int | None = None):
+    """The target's network in the draft tokenizer's ids: a tiny Llama over ``draft_tokenizer``'s vocabulary
+    whose layers are ``target_model``'s (its first ``layers``, default all) and whose embedding and head rows of
+    a token spelled like a target token (``▁the`` and ``the``) are that token's; the others' embeddings random,
+    their head rows 0. Drafts (nearly) the target's law where the text is shared, so acceptance is far from 0."""
+    config = target_model.config
+    draft = tiny_llama(seed, vocab=len(draft_tokenizer), layers=layers or config.num_hidden_layers,
+                       hidden=config.hidden_size, dtype=target_model.dtype, context=config.max_position_embeddings)
+    state = {k: v for k, v in target_model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k}
+    draft.load_state_dict(state, strict=False)
+    target_vocab = target_tokenizer.get_vocab()
+    with torch.no_grad():
+        draft.get_output_embeddings().weight.zero_()
+        for piece, d in draft_tokenizer.get_vocab().items():
+            t = target_vocab.get(piece.removeprefix("▁")) if piece.startswith("▁") else None
+            if t is not None:
+                draft.get_input_embeddings().weight[d] = target_model.get_input_embeddings().weight[t]
+                draft.get_output_embeddings().weight[d] = target_model.get_output_embeddings().weight[t]
+    return draft
+
+
+def save_cross_tokenizer_models(directory, draft_pieces=DRAFT_PIECES, dtype=torch.float32):
+    """``(target, draft)`` directories: :func:`word_target` with :func:`word_tokenizer` and its
+    :func:`translated_copy` with :func:`piece_tokenizer` (``draft_pieces``)."""
+    from pathlib import Path
+
+    target_dir, draft_dir = Path(directory) / "target", Path(directory) / "draft"
+    words, pieces = word_tokenizer(), piece_tokenizer(draft_pieces)
+    target = word_target(dtype=dtype)
+    target.save_pretrained(target_dir)
+    words.save_pretrained(target_dir)
+    translated_copy(target, pieces, words).save_pretrained(draft_dir)
+    pieces.save_pretrained(draft_dir)
+    return target_dir, draft_dir

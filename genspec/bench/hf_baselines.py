@@ -22,6 +22,7 @@ import time
 import torch
 
 from genspec.bench.methods import MethodSpec
+from genspec.drafters.cross_tokenizer import same_vocabulary
 from genspec.errors import InputFileError
 from genspec.sampling import SamplingConfig
 
@@ -38,6 +39,21 @@ def load_hf_model(path, dtype: str = "float32"):
     except (OSError, ValueError) as exc:
         raise InputFileError(f"cannot load model from {path}: {str(exc).splitlines()[0]}") from exc
     return model.eval()
+
+
+def assistant_tokenizers(target_tokenizer, draft_path) -> dict:
+    """``generate()``'s ``tokenizer`` and ``assistant_tokenizer`` when the draft model at ``draft_path`` has
+    another tokenizer than the target's (transformers' universal assisted generation then translates its
+    drafts), else nothing (also when it has no tokenizer: ``generate()`` then says what it lacks)."""
+    from transformers import AutoTokenizer
+
+    try:
+        draft = AutoTokenizer.from_pretrained(draft_path, local_files_only=True)
+    except (OSError, ValueError):
+        return {}
+    if target_tokenizer is None or same_vocabulary(draft, target_tokenizer):
+        return {}
+    return {"tokenizer": target_tokenizer, "assistant_tokenizer": draft}
 
 
 class ForwardClock:
@@ -101,9 +117,11 @@ class HFDecoder:
     kind = "hf"
 
     def __init__(self, spec: MethodSpec, model, clock: ForwardClock, log: StepLog, eos_token_ids: list[int],
-                 pad_token_id: int | None, assistant=None, num_layers: int | None = None):
+                 pad_token_id: int | None, assistant=None, num_layers: int | None = None,
+                 tokenizers: dict | None = None):
         """``clock`` / ``log``: the model's forward clock and step log, shared by the methods that run
-        it (one hook each per model)."""
+        it (one hook each per model). ``tokenizers``: for an assistant of another tokenizer, what
+        :func:`assistant_tokenizers` gives."""
         self.spec = spec
         self.name = spec.name
         self.model = model
@@ -115,6 +133,7 @@ class HFDecoder:
             self.kwargs.setdefault("assistant_early_exit", max(1, (num_layers or 4) // 4))
         elif spec.base == "hf-assisted":
             self.kwargs["assistant_model"] = assistant
+            self.kwargs.update(tokenizers or {})
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_ids or [0])[0]
         self.clock, self.log = clock, log
@@ -125,7 +144,8 @@ class HFDecoder:
     @property
     def settings(self) -> dict:
         """What this method passes to ``generate()`` (besides prompt, length and sampling)."""
-        return {k: (f"<model {getattr(v, 'name_or_path', '')}>" if k == "assistant_model" else v)
+        shown = {"assistant_model": "model", "tokenizer": "tokenizer", "assistant_tokenizer": "tokenizer"}
+        return {k: (f"<{shown[k]} {getattr(v, 'name_or_path', '')}>" if k in shown else v)
                 for k, v in self.kwargs.items()}
 
     def generate_kwargs(self, max_new_tokens: int, sampling: SamplingConfig) -> dict:

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import genspec
 from genspec import strict_json
 from genspec.bench.analysis import summarize
-from genspec.bench.hf_baselines import ForwardClock, HFDecoder, StepLog, load_hf_model
+from genspec.bench.hf_baselines import ForwardClock, HFDecoder, StepLog, assistant_tokenizers, load_hf_model
 from genspec.bench.llamacpp_baselines import LlamaCppDecoder
 from genspec.bench.methods import HF_PLAIN, LLAMACPP_PLAIN, drafter_options, sweep_methods
 from genspec.bench.plots import write_plots
@@ -118,12 +118,13 @@ def execute(s: dict, prompts, console, command: str) -> dict:
             hf_model = load_hf_model(model_path, s["dtype"])
             assistant = (load_hf_model(s["draft_model"], s["dtype"]) if any(m.base == "hf-assisted" for m in hf_specs)
                          else None)
+            tokenizers = assistant_tokenizers(target.tokenizer, s["draft_model"]) if assistant is not None else {}
         pad = getattr(target.tokenizer, "pad_token_id", None)
         clock, log = ForwardClock().attach(hf_model), StepLog(hf_model)  # observed once, shared by the HF methods
         for spec in hf_specs:
             decoders[spec.name] = HFDecoder(spec, hf_model, clock, log, eos, pad,
                                             assistant if spec.base == "hf-assisted" else None,
-                                            num_layers=target.num_layers)
+                                            num_layers=target.num_layers, tokenizers=tokenizers)
     llamacpp_specs = [m for m in main_specs if m.kind == "llamacpp"]
     if llamacpp_specs:
         # llama-cpp-python keeps the logits of every position of its context when it drafts (4 bytes x 262,144

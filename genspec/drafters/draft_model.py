@@ -31,6 +31,30 @@ from genspec.randomness import Noise
 from genspec.sampling import apply_repetition_penalty, block_seen_mask, process_logits, seen_mask, target_law
 
 
+def sync_rows(model: CausalLM, held: list[list[int]], sequences: list[list[int]], active: list[bool],
+              logits: bool = True) -> tuple[list[list[int]], torch.Tensor | None]:
+    """Bring a draft model's rows, holding ``held``, to ``sequences`` the llama.cpp way: keep the longest
+    common prefix, drop the rest, feed the difference of the ``active`` rows in one ragged block. Returns what
+    each row holds then, and the logits ``[R, V]`` of each row's next token (the last token is then always
+    fed again, for its logits), or None with ``logits=False``."""
+    # (never below 0: a row that holds nothing and reads nothing stays empty, not at length -1)
+    keep = [max(0, min(common_prefix_length(h, seq), len(seq) - (1 if logits else 0)))
+            for h, seq in zip(held, sequences)]
+    model.truncate(torch.tensor(keep, dtype=torch.long))
+    new = [seq[k:] if on else [] for seq, k, on in zip(sequences, keep, active)]
+    now = [seq[:k] + chunk for seq, k, chunk in zip(sequences, keep, new)]
+    if not logits and not any(new):
+        return now, None
+    tokens, valid = ragged_tokens(new)
+    if logits:
+        out = model.forward(tokens, valid, last_only=True)[:, 0]
+    else:
+        model.hidden_states(tokens, valid)
+        out = None
+    model.commit_all(valid)
+    return now, out
+
+
 class DraftModelDrafter(Drafter):
     """Drafts with ``model``.
 
@@ -103,23 +127,9 @@ class DraftModelDrafter(Drafter):
 
     # --------------------------------------------------------------- helpers (rows in the model's order)
     def _sync(self, sequences: list[list[int]], active: list[bool], logits: bool = True) -> torch.Tensor | None:
-        """Bring the model's cache to ``sequences``; return the logits ``[R, V]`` of the next token
-        (then the last token is always fed again, for its logits), or None with ``logits=False``."""
-        held = [self._held[i] for i in self._order]
-        keep = [min(common_prefix_length(h, seq), len(seq) - (1 if logits else 0)) for h, seq in zip(held, sequences)]
-        self.model.truncate(torch.tensor(keep, dtype=torch.long))
-        new = [seq[k:] if on else [] for seq, k, on in zip(sequences, keep, active)]
-        for request_id, seq, k, chunk in zip(self._order, sequences, keep, new):
-            self._held[request_id] = seq[:k] + chunk
-        if not logits and not any(new):
-            return None
-        tokens, valid = ragged_tokens(new)
-        if logits:
-            out = self.model.forward(tokens, valid, last_only=True)[:, 0]
-        else:
-            self.model.hidden_states(tokens, valid)
-            out = None
-        self.model.commit_all(valid)
+        """Bring the model's cache to ``sequences`` (:func:`sync_rows`)."""
+        held, out = sync_rows(self.model, [self._held[i] for i in self._order], sequences, active, logits)
+        self._held.update(zip(self._order, held))
         return out
 
     def _choose(self, logits: torch.Tensor, seen: torch.Tensor | None, contexts: list[RequestContext],

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from genspec.drafters.base import Drafter
+from genspec.drafters.cross_tokenizer import MIN_SHARED, CrossTokenizerDrafter, same_tokenizer
 from genspec.drafters.distilled import DistilledDrafter
 from genspec.drafters.draft_model import DraftModelDrafter
 from genspec.drafters.edit import EditDrafter
@@ -24,16 +25,29 @@ from genspec.drafters.self_speculation import (PLAN_NEEDED, EarlyExitDrafter, La
 from genspec.drafters.suffix import SuffixDrafter
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM
+from genspec.models.hf import HFCausalLM
 from genspec.speculators.store import HEAD_CONFIG
 
 
 def draft_model_drafter(target: CausalLM, draft_model: str | CausalLM | None = None, num_drafts: int = 1,
-                        confidence_threshold: float = 0.0) -> DraftModelDrafter:
-    """``draft-model``: :meth:`DraftModelDrafter.for_target`, or :class:`DistilledDrafter` for a directory
-    ``genspec train draft`` wrote."""
+                        confidence_threshold: float = 0.0, min_shared: float = MIN_SHARED) -> Drafter:
+    """``draft-model``: :class:`DistilledDrafter` for a directory ``genspec train draft`` wrote, else the model
+    at ``draft_model``: with the target's tokenizer :meth:`DraftModelDrafter.for_target`, with another one a
+    :class:`CrossTokenizerDrafter` (``min_shared``: its least shared vocabulary; one chain, no confidence
+    threshold)."""
     if isinstance(draft_model, (str, os.PathLike)) and (Path(draft_model) / HEAD_CONFIG).is_file():
         return DistilledDrafter.for_target(target, str(draft_model), num_drafts, confidence_threshold)
-    return DraftModelDrafter.for_target(target, draft_model, num_drafts, confidence_threshold)
+    if draft_model is None:
+        raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
+    if not isinstance(draft_model, CausalLM):
+        draft_model = HFCausalLM.from_pretrained(draft_model)
+    if same_tokenizer(target, draft_model):
+        return DraftModelDrafter.for_target(target, draft_model, num_drafts, confidence_threshold)
+    for option, value, default in (("num_drafts", num_drafts, 1), ("confidence_threshold", confidence_threshold, 0.0)):
+        if value != default:
+            raise ConfigError(f"drafter 'draft-model' option {option}={value!r} needs a draft model with the "
+                              "target's tokenizer; this one has another")
+    return CrossTokenizerDrafter.for_target(target, draft_model, min_shared)
 
 
 def hierarchical_drafter(target: CausalLM, levels: list[str] | str = DEFAULT_LEVELS,
