@@ -3,7 +3,7 @@ step (:class:`Group`), with the small functions the step loop applies to them.""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -98,9 +98,11 @@ class Group:
     noise: Noise | None = None  # the rows' randomness at the block's positions (None: every row is greedy)
     verdict: Verdict | None = None
     predicted: torch.Tensor | None = None  # [B, N] the target's most likely token at each node, if the drafter reads it
+    sampling: list[SamplingConfig] = field(init=False)  # each row's, from its request
+    rule: Rule = field(init=False)  # the group's acceptance rule (:func:`group_rule`), once
 
     def __post_init__(self):
-        self.sampling: list[SamplingConfig] = [r.sampling for r in self.requests]
+        self.sampling = [r.sampling for r in self.requests]
         self.rule = group_rule(self.requests)
 
     @property
