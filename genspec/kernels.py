@@ -38,11 +38,12 @@ timing: the first calls with a new row count alternate the two kernels (the logi
 ones returned, so nothing is computed twice), and after ``TUNE_TRIALS`` calls of each the faster one
 (by its quickest call: noise only adds time) is kept for that row count, and timed again after 64 more
 calls of it, then 128, 256, ... (at most every 8,192): a pick spoilt by a noisy start, or by a shared VM
-whose speed shifts, does not last the life of a server (:meth:`LMHead._count_call`). A fixed choice loses
+whose speed shifts, does not last the life of a server (:meth:`KernelTuner._count_call`). A fixed choice loses
 11 ms of a 72 ms verify step at 2 rows and 46 ms of 190 ms at 12 rows on the 2-core EPYC (``python
 benchmarks/costs/verify_width_cost.py --widths 1,2,3,4,6,8,12,16,24,32 --repeats 5``). Small heads (tests'
 random models) and heads on other devices keep the fixed choice (:meth:`LMHead.default_kernel`),
-deterministically.
+deterministically. The decoder's linear layers choose their kernel the same way
+(:class:`genspec.models.hf.TransposedLinear`), timed over a whole decoder pass.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ import copy
 import functools
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -132,6 +134,90 @@ def needs_grad(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)
 
 
+T = TypeVar("T")
+
+
+def worth_tuning(*weights: torch.Tensor) -> bool:
+    """Whether products with ``weights`` cost enough for timing their kernels to matter: CPU tensors of at
+    least ``TUNE_MIN_ELEMENTS`` weights in all (the embedded model's head, or its decoder's linears)."""
+    return (all(w.device.type == "cpu" for w in weights)
+            and sum(w.numel() for w in weights) >= TUNE_MIN_ELEMENTS)
+
+
+class KernelTuner:
+    """Which of a few exact kernels a product with a given number of rows takes: the fixed ``default``
+    choice, or with ``tune``, the one that timed faster for that row count (module docstring): the first
+    calls of a new row count through :meth:`run` alternate the kernels, ``TUNE_TRIALS`` timed calls of
+    each, and the one with the quickest call (noise only adds time) is kept, then timed again after 64 more
+    calls, 128, 256, ... (at most every ``RETUNE_MAX``). Row counts above ``max_rows`` keep the fixed
+    choice (a prefill's hundreds of rows: a tuning per prompt length would never end). ``clock``: the
+    timer (tests give a fake one)."""
+
+    def __init__(self, kernels: tuple[str, ...], default: Callable[[int], str], tune: bool = False,
+                 clock: Callable[[], float] = time.perf_counter, max_rows: int | None = None):
+        self.kernels, self.default, self.tune, self.max_rows = tuple(kernels), default, tune, max_rows
+        self._clock = clock
+        self._chosen: dict[int, str] = {}  # rows -> kernel, once timed
+        self._interval: dict[int, int] = {}  # rows -> calls between its last two timings
+        self._until_retune: dict[int, int] = {}  # rows -> calls left before it is timed again
+        self._timings: dict[int, dict[str, list[float]]] = {}  # rows -> kernel -> seconds of its calls
+
+    def _tuned(self, rows: int) -> bool:
+        return self.tune and (self.max_rows is None or rows <= self.max_rows)
+
+    def kernel(self, rows: int) -> str:
+        """The kernel the next call with ``rows`` rows takes: the chosen one, or while timing, the one
+        with fewer timed calls (the fixed choice first)."""
+        chosen = self._chosen.get(rows)
+        if chosen is not None:
+            return chosen
+        first = self.default(rows)
+        if not self._tuned(rows):
+            return first
+        timings = self._timings.get(rows, {})
+        order = (first,) + tuple(k for k in self.kernels if k != first)
+        return min(order, key=lambda k: len(timings.get(k, ())))
+
+    def chosen(self) -> dict[int, str]:
+        """Row count -> kernel, for the row counts whose timing is done."""
+        return dict(self._chosen)
+
+    def run(self, rows: int, call: Callable[[str], T]) -> T:
+        """``call(kernel)`` with the kernel for ``rows`` rows, timed while that row count is being tuned."""
+        kernel = self.kernel(rows)
+        if not self._tuned(rows):
+            return call(kernel)
+        if rows in self._chosen:
+            result = call(kernel)
+            self._count_call(rows)
+            return result
+        start = self._clock()
+        result = call(kernel)
+        self._record(rows, kernel, self._clock() - start)
+        return result
+
+    def _record(self, rows: int, kernel: str, seconds: float) -> None:
+        timings = self._timings.setdefault(rows, {k: [] for k in self.kernels})
+        timings[kernel].append(seconds)
+        if all(len(t) >= TUNE_TRIALS for t in timings.values()):
+            self._chosen[rows] = min(self.kernels, key=lambda k: min(timings[k]))
+            del self._timings[rows]
+            self._interval[rows] = min(RETUNE_MAX, 2 * self._interval.get(rows, RETUNE_FIRST // 2))
+            self._until_retune[rows] = self._interval[rows]
+
+    def _count_call(self, rows: int) -> None:
+        """Count an untimed call of a chosen row count; after ``RETUNE_FIRST`` of them (then twice as many
+        each time, at most ``RETUNE_MAX``) the kernels are timed again. A choice made on a few calls would
+        otherwise be kept for the life of the process (a server's): in one 29-minute ``genspec bench`` run on
+        a 2-core AMD EPYC, 2-token verify blocks cost 65 ms against 56 ms for one token all along, while in
+        isolation two rows cost what one does (64 against 64 ms, medians; the ``bmm`` takes 39 ms for two
+        rows against 29 ms for ``W @ x.T``, ``python benchmarks/costs/verify_width_cost.py --widths 1,2,3,4
+        --repeats 15``): what a ``bmm`` kept for two rows costs."""
+        self._until_retune[rows] -= 1
+        if self._until_retune[rows] <= 0:
+            del self._chosen[rows]
+
+
 class LMHead:
     """Logits ``[..., V]`` of hidden states ``[..., H]`` for a head weight ``[V, H]`` (and optional bias).
 
@@ -147,16 +233,11 @@ class LMHead:
         self.weight = weight if weight.is_contiguous() else weight.contiguous()
         self.bias = None if bias is None else bias.detach()
         self.vocab_size = self.weight.shape[0]
-        #: the two kernels this head chooses between
-        self.kernels = ("gemm", "packed") if packable(self.weight) else ("gemm", "chunked")
         if tune is None:
-            tune = self.weight.device.type == "cpu" and self.weight.numel() >= TUNE_MIN_ELEMENTS
-        self.tune = tune
-        self._clock = clock
-        self._chosen: dict[int, str] = {}  # rows -> kernel, once timed
-        self._interval: dict[int, int] = {}  # rows -> calls between its last two timings
-        self._until_retune: dict[int, int] = {}  # rows -> calls left before it is timed again
-        self._timings: dict[int, dict[str, list[float]]] = {}  # rows -> kernel -> seconds of its calls
+            tune = worth_tuning(self.weight)
+        #: the row count -> kernel choice, between the plain GEMM and the packed (or chunked) copy
+        self.tuner = KernelTuner(("gemm", "packed") if packable(self.weight) else ("gemm", "chunked"),
+                                 self.default_kernel, tune, clock)
 
     @functools.cached_property
     def chunked_t(self) -> torch.Tensor:
@@ -178,47 +259,26 @@ class LMHead:
         packed GEMM 0.81-1.27 ms against 0.81-0.89; 2-core AMD EPYC, medians of 200, ``python
         benchmarks/costs/subset_head_cost.py``); else
         ``"gemm"`` (``W @ x.T``) or ``"chunked"`` (the ``bmm``) by the row count (module docstring)."""
-        if "packed" in self.kernels:
+        if packable(self.weight):
             return "packed"
         return "gemm" if rows in SMALL_GEMM_ROWS or rows >= LARGE_GEMM_ROWS else "chunked"
 
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """The two kernels this head chooses between."""
+        return self.tuner.kernels
+
+    @property
+    def tune(self) -> bool:
+        return self.tuner.tune
+
     def kernel(self, rows: int) -> str:
-        """The kernel the next call with ``rows`` rows takes: the chosen one, or while timing, the one
-        with fewer timed calls (the fixed choice first)."""
-        chosen = self._chosen.get(rows)
-        if chosen is not None:
-            return chosen
-        if not self.tune:
-            return self.default_kernel(rows)
-        timings = self._timings.get(rows, {})
-        first = self.default_kernel(rows)
-        order = (first,) + tuple(k for k in self.kernels if k != first)
-        return min(order, key=lambda k: len(timings.get(k, ())))
+        """The kernel the next call with ``rows`` rows takes (:meth:`KernelTuner.kernel`)."""
+        return self.tuner.kernel(rows)
 
     def chosen(self) -> dict[int, str]:
         """Row count -> kernel, for the row counts whose timing is done."""
-        return dict(self._chosen)
-
-    def _record(self, rows: int, kernel: str, seconds: float) -> None:
-        timings = self._timings.setdefault(rows, {k: [] for k in self.kernels})
-        timings[kernel].append(seconds)
-        if all(len(t) >= TUNE_TRIALS for t in timings.values()):
-            self._chosen[rows] = min(self.kernels, key=lambda k: min(timings[k]))
-            del self._timings[rows]
-            self._interval[rows] = min(RETUNE_MAX, 2 * self._interval.get(rows, RETUNE_FIRST // 2))
-            self._until_retune[rows] = self._interval[rows]
-
-    def _count_call(self, rows: int) -> None:
-        """Count an untimed call of a chosen row count; after ``RETUNE_FIRST`` of them (then twice as many
-        each time, at most ``RETUNE_MAX``) both kernels are timed again. A choice made on a few calls would
-        otherwise be kept for the life of the process (a server's): in one 29-minute ``genspec bench`` run on
-        a 2-core AMD EPYC, 2-token verify blocks cost 65 ms against 56 ms for one token all along, while in
-        isolation two rows cost what one does (64 against 64 ms, medians; the ``bmm`` takes 39 ms for two
-        rows against 29 ms for ``W @ x.T``, ``python benchmarks/costs/verify_width_cost.py --widths 1,2,3,4
-        --repeats 15``): what a ``bmm`` kept for two rows costs."""
-        self._until_retune[rows] -= 1
-        if self._until_retune[rows] <= 0:
-            del self._chosen[rows]
+        return self.tuner.chosen()
 
     def gemm(self, rows: torch.Tensor) -> torch.Tensor:
         """``W @ x.T`` for ``rows`` ``[R, H]``, no bias (:func:`weight_times_rows`)."""
@@ -236,18 +296,11 @@ class LMHead:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         rows = hidden.reshape(-1, shape[-1])
-        count = rows.shape[0]
         if needs_grad(rows, self.weight):  # training through a draft head's output layer: a differentiable GEMM
             logits = self.gemm(rows)
         else:
-            kernel = self.kernel(count)
-            timing = self.tune and count not in self._chosen
-            start = self._clock() if timing else 0.0
-            logits = {"gemm": self.gemm, "packed": self.packed, "chunked": self.chunked}[kernel](rows)
-            if timing:
-                self._record(count, kernel, self._clock() - start)
-            elif self.tune:
-                self._count_call(count)
+            kernels = {"gemm": self.gemm, "packed": self.packed, "chunked": self.chunked}
+            logits = self.tuner.run(rows.shape[0], lambda kernel: kernels[kernel](rows))
         if self.bias is not None:
             logits = logits + self.bias
         return logits.reshape(*shape[:-1], self.vocab_size)

@@ -323,6 +323,8 @@ def check_bench_output(out, expect_sweep: bool = True, raw: bool = True) -> dict
     if backend == "torch":
         kernels = results["model"]["lm_head_kernels"]  # a tiny model's head is not timed: nothing chosen
         assert kernels is None or all(k in ("gemm", "packed", "chunked") for k in kernels.values())
+        linears = results["model"]["linear_kernels"]
+        assert linears is None or all(k in ("linear", "gemm", "packed") for k in linears.values())
     names = [m["name"] for m in results["methods"]]
     assert names[:2] == [PLAIN, REFERENCES[backend]]
     keys = RUN_KEYS if raw else RUN_KEYS - {"token_ids", "steps"}

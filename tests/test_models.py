@@ -148,7 +148,7 @@ def test_a_float32_cpu_head_takes_the_packed_gemm_without_gradients_and_stays_ex
 
 
 def test_a_transposed_linear_packs_from_three_rows_and_repacks_after_its_weight_changes():
-    """1-2 rows take W @ x.T, 3 or more the packed copy; a weight updated in place (a training step, a
+    """Untimed, 1-2 rows take W @ x.T, 3 or more the packed copy; a weight updated in place (a training step, a
     loaded state dict) is packed again, a deep copy packs its own, and autograd never meets the packed op."""
     import copy
 
@@ -205,6 +205,82 @@ def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count()
         assert sorted(seen[rows][:2 * TUNE_TRIALS]) == sorted(head.kernels * TUNE_TRIALS)
         assert set(seen[rows][2 * TUNE_TRIALS:]) == {head.chosen()[rows]}
     assert clock.readings == 3 * 2 * 2 * TUNE_TRIALS
+
+
+def test_a_decoders_linears_share_one_kernel_choice_timed_over_whole_passes():
+    """The decoder's linears rank differently on two CPUs (1 row: F.linear 19 ms against W @ x.T 60 ms on
+    the Intel VM, the reverse order on the EPYC), so they share a KernelTuner timed around a whole pass:
+    every linear of a pass takes the kernel under trial, and the fastest pass's kernel is kept for that
+    row count. A fake clock makes F.linear fastest at 1 row and the packed GEMM at 5; every product stays
+    exact; row counts above LINEAR_TUNE_MAX_ROWS keep the fixed choice, untimed."""
+    from genspec.kernels import TUNE_TRIALS, KernelTuner
+    from genspec.models.hf import LINEAR_TUNE_MAX_ROWS, linear_kernels
+
+    class FakeClock:  # read twice per timed pass: the second reading is ``duration`` later
+        def __init__(self):
+            self.now, self.duration, self.readings = 0.0, 0.0, 0
+
+        def __call__(self):
+            self.readings += 1
+            if self.readings % 2 == 0:
+                self.now += self.duration
+            return self.now
+
+    generator = torch.Generator().manual_seed(0)
+    first, second = torch.nn.Linear(24, 16), torch.nn.Linear(16, 7)
+    fixed = linear_kernels([first.weight, second.weight], tune=False)
+    clock = FakeClock()
+    tuner = KernelTuner(fixed.kernels, fixed.default, tune=True, clock=clock, max_rows=LINEAR_TUNE_MAX_ROWS)
+    layers = [TransposedLinear(first, tuner), TransposedLinear(second, tuner)]
+    assert tuner.kernels == ("linear", "gemm", "packed")
+    speed = {1: {"linear": 1.0, "gemm": 3.0, "packed": 2.0}, 5: {"linear": 4.0, "gemm": 5.0, "packed": 2.0}}
+    passes: dict[int, list[list[str]]] = {1: [], 5: []}
+
+    def one_pass(x):
+        kernels = [layer.kernel(x) for layer in layers]
+        out = layers[1](layers[0](x))
+        return kernels, out
+
+    with torch.no_grad():
+        for _ in range(3 * TUNE_TRIALS + 2):
+            for rows in (1, 5):
+                x = torch.randn(rows, 24, generator=generator)
+                clock.duration = speed[rows][tuner.kernel(rows)]
+                kernels, out = tuner.run(rows, lambda _kernel: one_pass(x))
+                passes[rows].append(kernels)
+                assert torch.allclose(out, second(first(x)), atol=1e-5, rtol=0)
+        assert tuner.chosen() == {1: "linear", 5: "packed"}
+        for rows in (1, 5):  # each pass ran one kernel in all its layers; each kernel timed TUNE_TRIALS times
+            assert all(len(set(kernels)) == 1 for kernels in passes[rows])
+            trials = [kernels[0] for kernels in passes[rows][:3 * TUNE_TRIALS]]
+            assert sorted(trials) == sorted(tuner.kernels * TUNE_TRIALS)
+            assert {kernels[0] for kernels in passes[rows][3 * TUNE_TRIALS:]} == {tuner.chosen()[rows]}
+        readings = clock.readings
+        big = LINEAR_TUNE_MAX_ROWS + 1
+        out = tuner.run(big, lambda _kernel: layers[0](torch.zeros(big, 24)))
+        assert clock.readings == readings and big not in tuner.chosen() and tuner.kernel(big) == "packed"
+
+
+def test_a_tuned_decoder_decodes_greedily_as_the_untuned_one():
+    """With its linears' kernel timed (forced on for a tiny float32 model), the model picks a kernel for
+    one-row steps and verify blocks and decodes greedily as with the fixed choice, token for token."""
+    from genspec.drafters import PromptLookupDrafter
+    from genspec.engine import SpeculativeEngine
+
+    fixed = HFCausalLM(tiny_llama(0, dtype=torch.float32))
+    tuned = HFCausalLM(tiny_llama(0, dtype=torch.float32))
+    assert not fixed.linear_kernels.tune
+    tuned.linear_kernels.tune = True
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12]]
+    def tokens(model, drafter=None):
+        results = SpeculativeEngine(model, drafter).generate_ids(prompts, max_new_tokens=40, eos_token_ids=())
+        return [result.token_ids for result in results]
+
+    plain = tokens(fixed)
+    for drafter in (None, PromptLookupDrafter()):
+        assert tokens(tuned, drafter) == plain
+    assert 2 in tuned.linear_kernels.chosen()  # two rows' one-token steps, timed and chosen
+    assert not fixed.linear_kernels.chosen()
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 12, 13, 40, 70])

@@ -136,8 +136,8 @@ FAIRNESS = [
     "- Times are wall-clock around the whole call (prefill included) for genspec and for transformers.",
     "- The Hugging Face baselines (`hf-*`) run stock `transformers` `generate()` on a **separate copy of the "
     "model, loaded from the same directory and never touched by genspec**. genspec's own copy has its "
-    "`nn.Linear` layers replaced in place by `TransposedLinear` (same values, faster few-row products on "
-    "CPU) and a re-laid-out LM head; that is part of what genspec is, so `speedup vs hf-plain` includes it, "
+    "`nn.Linear` layers replaced in place by `TransposedLinear` (same values, the few-row kernel timed "
+    "fastest on this CPU) and a re-laid-out LM head; that is part of what genspec is, so `speedup vs hf-plain` includes it, "
     "while `speedup vs plain` (genspec plain decoding, same kernels) isolates speculation.",
     "- HF's assisted generation keeps its adaptive draft length (`num_assistant_tokens`, heuristic schedule) "
     "across calls on the same model, as it does for any user; its warm-up call is part of that history.",

@@ -71,7 +71,10 @@ def model_info(path, target) -> dict:
             "num_layers": target.num_layers, "vocab_size": target.vocab_size, "dtype": str(target.dtype),
             "max_context": target.max_context,
             # the LM head's kernel per row count when the run ended (timed per process: genspec/kernels.py)
-            "lm_head_kernels": None if head is None else {str(rows): k for rows, k in sorted(head.chosen().items())}}
+            "lm_head_kernels": None if head is None else {str(rows): k for rows, k in sorted(head.chosen().items())},
+            # and the decoder's linear layers' (genspec/models/hf.py: TransposedLinear)
+            "linear_kernels": None if target.linear_kernels is None else {
+                str(rows): k for rows, k in sorted(target.linear_kernels.chosen().items())}}
 
 
 # --------------------------------------------------------------------------- the run

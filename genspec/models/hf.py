@@ -12,10 +12,9 @@ with the fastest exact CPU kernel for the number of rows (one ``W @ x.T`` or one
 copy, timed per row count on a large head); with a 262k vocabulary that halves a decode step's head and makes
 verifying a draft much cheaper than ``F.linear`` (``python benchmarks/costs/step_cost.py``,
 ``python benchmarks/costs/verify_width_cost.py``).
-The decoder's ``nn.Linear`` layers are swapped for :class:`TransposedLinear` (``(W @ x.T).T``, one row
-computed as two, and the packed GEMM from 3 rows on), which is exact and faster for the 1-16 row products
-of decoding on CPU: on the embedded model a 6-token verify block costs 53 ms against 49 ms for one
-token (133 ms without the packed GEMM; ``python benchmarks/costs/verify_width_cost.py``, 2-core AMD EPYC).
+The decoder's ``nn.Linear`` layers are swapped for :class:`TransposedLinear`, which computes each product
+with the exact kernel (``F.linear``, ``(W @ x.T).T``, or oneDNN's GEMM over a packed copy) that timed
+fastest for that number of rows on this CPU: the ranking differs between CPUs (its docstring has both).
 """
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ import torch
 from safetensors import SafetensorError
 
 from genspec.errors import ConfigError, ContextLengthError, InputFileError
-from genspec.kernels import LMHead, PackedWeight, needs_grad, packable, weight_times_rows
+from genspec.kernels import KernelTuner, LMHead, PackedWeight, needs_grad, packable, weight_times_rows, worth_tuning
 from genspec.models.base import CausalLM, PrefixKV
 
 # transformers is imported where it is used: `import genspec` would otherwise spend 3 s on it
@@ -130,8 +129,9 @@ class HFCausalLM(CausalLM):
         elif lm_head is None and fast_kernels:
             lm_head = LMHead(head.weight, self._head_bias)
         self._lm_head = lm_head
-        if fast_kernels:
-            transpose_linears(self._decoder)
+        #: the kernel choice of the decoder's linear layers (None with ``fast_kernels=False``: stock layers,
+        #: or a view sharing another model's)
+        self.linear_kernels = transpose_linears(self._decoder) if fast_kernels else None
         self.reset(0)
 
     @property
@@ -431,9 +431,12 @@ class HFCausalLM(CausalLM):
         self._block_start = self.num_slots
         with torch.inference_mode():
             if prefix is None:
-                out = self._decoder(input_ids=tokens, attention_mask=self._mask_argument(masks),
-                                    position_ids=query_positions, use_cache=True, output_hidden_states=bool(layers),
-                                    **{self._cache_kwarg: self.cache})
+                def decode(_kernel: str | None):  # the linears read the kernel from the shared choice
+                    return self._decoder(input_ids=tokens, attention_mask=self._mask_argument(masks),
+                                         position_ids=query_positions, use_cache=True,
+                                         output_hidden_states=bool(layers), **{self._cache_kwarg: self.cache})
+
+                out = decode(None) if self.linear_kernels is None else self.linear_kernels.run(tokens.numel(), decode)
             else:
                 out = self._tail(prefix.num_layers)(
                     inputs_embeds=prefix.hidden.to(self.device, self.dtype), attention_mask=self._mask_argument(masks),
@@ -498,42 +501,70 @@ def _filled_layers(cache):
             yield layer
 
 
+#: from this many rows on, the decoder's linears take the packed GEMM when their kernel is not timed
+#: (TransposedLinear's docstring has the timings)
+PACKED_MIN_ROWS = 3
+#: the decoder's linears time their kernels for passes of up to this many rows (decode steps and verify
+#: blocks of a batch); a prefill's hundreds of rows keep the fixed choice
+LINEAR_TUNE_MAX_ROWS = 64
+
+
+def linear_kernels(weights: list[torch.Tensor], tune: bool | None = None) -> KernelTuner:
+    """The kernel choice shared by the linear layers of ``weights`` (a decoder's): ``F.linear``,
+    ``W @ x.T`` or the packed GEMM; fixed (``W @ x.T`` below ``PACKED_MIN_ROWS`` rows, then packed), or
+    with ``tune`` (default: a large CPU decoder, :func:`genspec.kernels.worth_tuning`) timed per row count
+    over whole decoder passes (:meth:`HFCausalLM.hidden_states`)."""
+    packs = all(packable(w) for w in weights)
+
+    def default(rows: int) -> str:
+        return "packed" if packs and rows >= PACKED_MIN_ROWS else "gemm"
+
+    return KernelTuner(("linear", "gemm", "packed") if packs else ("linear", "gemm"), default,
+                       worth_tuning(*weights) if tune is None else tune, max_rows=LINEAR_TUNE_MAX_ROWS)
+
+
 class TransposedLinear(torch.nn.Module):
-    """``nn.Linear`` computed as the transposed product ``(W @ x.T).T``, the faster CPU kernel for the
-    one or two rows of decoding, and from ``PACKED_MIN_ROWS`` rows on (a verify block) as oneDNN's GEMM
-    over a packed copy of the weight (:class:`genspec.kernels.PackedWeight`, where the weight can take
-    it and no gradient is asked for), exactly (the same fp32 products; only the summation order differs).
+    """``nn.Linear`` computed with the kernel its :class:`~genspec.kernels.KernelTuner` picks for the
+    number of rows, shared by all the linears of a decoder: ``F.linear``; the transposed product
+    ``(W @ x.T).T`` (one row duplicated to two); or oneDNN's GEMM over a packed copy of the weight
+    (:class:`genspec.kernels.PackedWeight`, where the weight can take it and no gradient is asked for).
+    All exact: the same fp32 products; only the summation order differs.
 
-    One row is duplicated to two: MKL's two-column GEMM beats its one-column GEMV (and ``x @ W.T`` on a
-    transposed copy); the result is made contiguous because a transposed view sends every later op of the
-    layer (norms, RoPE, attention) down a strided path: the CPU flash attention refuses a query whose last
-    dimension is strided and falls back to the math kernel. The embedded model's decoder with a strided
-    result and a one-row GEMV / as here, 1, 2, 3, 4 and 8 tokens after 200: 41 / 35, 44 / 34, 56 / 37,
-    49 / 35, 76 / 58 ms (medians of 11, kernels alternated in one process; 2-core AMD EPYC, torch 2.13, MKL).
-    The packed GEMM takes its 126 linears from 21-39 ms to 16-20 ms for 3-8 rows; at two rows it loses (22
-    against 16-18 ms), at one it is about even (:class:`~genspec.kernels.PackedWeight`). Shares the original weight; the
-    packed copy (as large again: 400 MB for the embedded model) is made the first time a block of
-    ``PACKED_MIN_ROWS`` or more rows comes. ``HFCausalLM(..., fast_kernels=False)`` keeps the stock layers."""
+    The ranking differs between CPUs, hence the timing. On a 2-core AMD EPYC, one or two rows went faster
+    as ``W @ x.T`` with one row as two columns (MKL's two-column GEMM beat its one-column GEMV): the
+    embedded model's decoder at 1, 2, 3, 4 and 8 tokens after 200 took 41 / 35, 44 / 34, 56 / 37, 49 / 35,
+    76 / 58 ms with a strided result / as here; the packed GEMM took its 126 linears from 21-39 ms to
+    16-20 ms for 3-8 rows. On a 2-core Intel Xeon the same 126 linears at 1 / 2 / 4 rows took 60 / 58 / 37
+    ms as ``W @ x.T`` with one row as two, 19 / 22 / 34 as ``F.linear``, 30 / 29 / 31 packed (medians of
+    5, ``python benchmarks/costs/verify_width_cost.py --widths 1,2,4 --repeats 5``). The result is made
+    contiguous because a transposed view sends every later op of the layer (norms, RoPE, attention) down a
+    strided path: the CPU flash attention refuses a query whose last dimension is strided and falls back
+    to the math kernel. Shares the original weight; the packed copy (as large again: 400 MB for the
+    embedded model) is made the first time the packed GEMM runs. ``HFCausalLM(..., fast_kernels=False)``
+    keeps the stock layers."""
 
-    #: from this many rows on, the packed GEMM (the class docstring's timings)
-    PACKED_MIN_ROWS = 3
-
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, tuner: KernelTuner | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
         self.packed_weight = PackedWeight(self.weight)
+        #: the kernel choice (shared by a decoder's linears; its own fixed one when built alone)
+        self.tuner = tuner if tuner is not None else linear_kernels([self.weight], tune=False)
 
     def kernel(self, rows: torch.Tensor) -> str:
-        """``"packed"`` or ``"gemm"``: what a product with ``rows`` ``[R, in]`` runs."""
-        if rows.shape[0] >= self.PACKED_MIN_ROWS and packable(self.weight) and not needs_grad(rows, self.weight):
-            return "packed"
-        return "gemm"
+        """``"linear"``, ``"gemm"`` or ``"packed"``: what a product with ``rows`` ``[R, in]`` runs."""
+        if needs_grad(rows, self.weight):
+            return "gemm"
+        kernel = self.tuner.kernel(rows.shape[0])
+        return "gemm" if kernel == "packed" and not packable(self.weight) else kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if self.kernel(rows) == "packed":
+        kernel = self.kernel(rows)
+        if kernel == "linear":
+            out = torch.nn.functional.linear(rows, self.weight, self.bias)
+        elif kernel == "packed":
             out = self.packed_weight(rows, self.bias)
         else:
             out = weight_times_rows(self.weight, rows).contiguous()
@@ -542,9 +573,12 @@ class TransposedLinear(torch.nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def transpose_linears(module: torch.nn.Module) -> None:
-    """Replace every ``nn.Linear`` below ``module`` by a :class:`TransposedLinear` (in place)."""
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear:
-                setattr(parent, name, TransposedLinear(child))
+def transpose_linears(module: torch.nn.Module, tune: bool | None = None) -> KernelTuner:
+    """Replace every ``nn.Linear`` below ``module`` by a :class:`TransposedLinear` (in place), all sharing
+    one kernel choice (:func:`linear_kernels`), which is returned."""
+    found = [(parent, name, child) for parent in list(module.modules())
+             for name, child in list(parent.named_children()) if type(child) is torch.nn.Linear]
+    tuner = linear_kernels([child.weight for _, _, child in found], tune)
+    for parent, name, child in found:
+        setattr(parent, name, TransposedLinear(child, tuner))
+    return tuner

@@ -205,7 +205,7 @@ def _kept_linear(linear, rows: torch.Tensor | None = None, columns: torch.Tensor
         new.weight = torch.nn.Parameter(weight.clone(), requires_grad=False)
         if bias is not None:
             new.bias = torch.nn.Parameter(bias.detach().clone(), requires_grad=False)
-    return TransposedLinear(new) if isinstance(linear, TransposedLinear) else new
+    return TransposedLinear(new, linear.tuner) if isinstance(linear, TransposedLinear) else new
 
 
 def _copy_module(module):
