@@ -19,7 +19,8 @@ def _spread(s: dict | None, fmt: str = "{:.2f}", suffix: str = "") -> str:
     return text
 
 
-def _num(value, fmt: str = "{:.2f}") -> str:
+def format_number(value, fmt: str = "{:.2f}") -> str:
+    """A table cell: ``value`` formatted, or a dash for a missing one."""
     return "–" if value is None else fmt.format(value)
 
 
@@ -27,7 +28,8 @@ def _pct(value) -> str:
     return "–" if value is None else f"{100 * value:.0f}%"
 
 
-def _match(pair) -> str:
+def format_match(pair) -> str:
+    """A table cell: ``(equal, total)`` as ``equal/total``, or a dash."""
     return "–" if not pair else f"{pair[0]}/{pair[1]}"
 
 
@@ -54,13 +56,13 @@ def category_table(rows: list[dict], default_method: str | None, reference: str)
         theory = row.get("theory") or {}
         match = row.get("matches_plain")
         if row["kind"] != "genspec" and row.get("matches_reference"):
-            match_text = f"{_match(match)} ({reference}: {_match(row['matches_reference'])})"
+            match_text = f"{format_match(match)} ({reference}: {format_match(row['matches_reference'])})"
         else:
-            match_text = _match(match)
+            match_text = format_match(match)
         lines.append([_label(row, default_method), _spread(row["tokens_per_second"], "{:.1f}"),
                       _spread(row["speedup_vs_plain"], suffix="x"), _spread(row["speedup_vs_reference"], suffix="x"),
-                      _num(row.get("mean_accepted_length")), _num(row.get("acceptance_rate")), match_text,
-                      _num(theory.get("predicted_speedup"), "{:.2f}x"), _num(theory.get("efficiency"))])
+                      format_number(row.get("mean_accepted_length")), format_number(row.get("acceptance_rate")), match_text,
+                      format_number(theory.get("predicted_speedup"), "{:.2f}x"), format_number(theory.get("efficiency"))])
     return _table(header, lines)
 
 
@@ -80,8 +82,8 @@ def diagnostics_table(rows: list[dict]) -> list[str]:
     for row in rows:
         theory = row.get("theory") or {}
         positions = [p["rate"] for p in row.get("acceptance_per_position") or [] if p["rate"] is not None][:8]
-        lines.append([row["method"], _num(theory.get("alpha")), _num(theory.get("mean_draft_length"), "{:.1f}"),
-                      _num(theory.get("draft_cost_ratio"), "{:.3f}"), _num(theory.get("verify_cost_ratio")),
+        lines.append([row["method"], format_number(theory.get("alpha")), format_number(theory.get("mean_draft_length"), "{:.1f}"),
+                      format_number(theory.get("draft_cost_ratio"), "{:.3f}"), format_number(theory.get("verify_cost_ratio")),
                       _pct(row.get("draft_share")), _pct(row.get("verify_share")), _pct(row.get("overhead_share")),
                       " ".join(f"{p:.2f}" for p in positions) or "–"])
     return _table(header, lines)
@@ -212,8 +214,8 @@ def write_report(results: dict) -> str:
         lines += _table(["method", "k", "tok/s", "mean accepted", "acceptance"],
                         [[s["method"], "–" if s["method"] == PLAIN else (
                             str(s["k"]) if s["k"] is not None else f"adaptive (method's policy, default `{policy}`)"),
-                          _spread(s["tokens_per_second"], "{:.1f}"), _num(s["mean_accepted_length"]),
-                          _num(s["acceptance_rate"])] for s in ordered]) + [""]
+                          _spread(s["tokens_per_second"], "{:.1f}"), format_number(s["mean_accepted_length"]),
+                          format_number(s["acceptance_rate"])] for s in ordered]) + [""]
         lines += ["![tokens/s vs draft length](tokens_per_second_vs_k.png)", ""]
     lines += ["## How this was measured", ""] + FAIRNESS + [""]
     lines += ["Raw figures (every call, every step count, machine and versions): `results.json`.", ""]

@@ -25,7 +25,7 @@ from genspec.api import resolve_backend
 from genspec.bench.analysis import ALL, MEAN
 from genspec.bench.methods import parse_int_list, parse_method, parse_methods, split_top_level
 from genspec.bench.prompts import ALL_CATEGORIES, CATEGORIES, load_spec_bench
-from genspec.bench.report import _match, _num
+from genspec.bench.report import format_match, format_number
 from genspec.bench.run import execute, read_results, write_outputs
 from genspec.cli.options import add_options
 from genspec.errors import ConfigError, InputFileError
@@ -255,8 +255,8 @@ def print_summary(results: dict, written: list[Path], console) -> None:
     for method in summary["methods"]:
         mean, pooled = rows[(MEAN, method)], rows[(ALL, method)]
         table.add_row(method, median(mean["tokens_per_second"], "{:.1f}"), median(mean["speedup_vs_plain"], suffix="x"),
-                      median(mean["speedup_vs_reference"], suffix="x"), _num(pooled.get("mean_accepted_length")),
-                      _match(pooled.get("matches_plain")))
+                      median(mean["speedup_vs_reference"], suffix="x"), format_number(pooled.get("mean_accepted_length")),
+                      format_match(pooled.get("matches_plain")))
     Console(width=max(100, Console().width)).print(table)
     elapsed = results.get("elapsed_s")
     console.print(("finished in %.0f s; " % elapsed if elapsed else "") + "wrote " + ", ".join(str(p) for p in written),
