@@ -123,8 +123,7 @@ class LookaheadDrafter(CandidateDrafter):
         self.ngram_size, self.pool_size, self.window = ngram_size, pool_size, window
         self.pool_candidates = self.num_candidates
         if window:
-            self.capabilities = replace(self.capabilities, max_candidates=self.pool_candidates + 1,
-                                        reads_block_predictions=True)
+            self.capabilities = replace(self.capabilities, reads_block_predictions=True)
 
     def new_row(self, context: RequestContext) -> _Row:
         return _Row(self.ngram_size, self.pool_size)
@@ -136,8 +135,8 @@ class LookaheadDrafter(CandidateDrafter):
         if self.window:
             guess = self._window(row, sequence)[:limit]
             evidence = "pool" if chains else "jacobi" if guess else None
-            if guess and guess not in chains:
-                chains.append(guess)
+            if guess and len(chains) < self.pool_candidates and guess not in chains:
+                chains.append(guess)  # in a slot the pool leaves free (module docstring)
         elif self.pool_candidates > 1:
             guess = self._trajectory(row, sequence, limit)
             if guess and guess not in chains:
