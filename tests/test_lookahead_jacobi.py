@@ -33,21 +33,25 @@ def _occurs(text: list[int], gram: list[int]) -> bool:
 def test_jacobi_window_adds_ngrams_the_text_has_not_shown():
     """The target's predictions over the window (after 6 it says 10, after 7 11, after 8 12) become pool
     n-grams; two steps later the pool drafts ``7, 11`` after 6 although the text only ever had ``6, 7, 8``. The
-    pool alone, on the same text, can only draft what the text showed."""
+    pool alone, on the same text, can only draft what the text showed. The window takes a candidate slot the
+    pool leaves free: the only one where the pool has nothing, the third of three beside two pool chains."""
     text = [5, 6, 7, 8]
     jacobi, pool_only = LookaheadDrafter(ngram_size=3, window=3), LookaheadDrafter(ngram_size=3, window=0)
-    for drafter in (jacobi, pool_only):
+    wide = LookaheadDrafter(ngram_size=3, window=3, num_candidates=3)
+    for drafter in (jacobi, pool_only, wide):
         drafter.start([RequestContext(0, list(text))])
-    # nothing followed 8 yet: the window starts from the text's last 3 tokens, the only candidate
-    assert _propose(jacobi, text, 3) == ([[6, 7, 8]], "jacobi")
-    jacobi.read_predictions([BlockPredictions(0, 4, ((6, 7, 8),), ((9, 10, 11, 12),))])
-    # 9 was committed: the window is the target's later predictions, refreshed (a Jacobi iteration)
-    assert _propose(jacobi, text + [9], 3) == ([[10, 11, 12]], "jacobi")
-    jacobi.read_predictions([BlockPredictions(0, 5, ((10, 11, 12),), ((6, 13, 14, 15),))])
     later = text + [9, 6]
-    chains, evidence = _propose(jacobi, later, 2)
-    assert evidence == "pool" and chains[0] == [7, 11] and not _occurs(later, [6, 7, 11])
-    assert chains[1] == [13, 14]  # the window: the predictions after the committed 6
+    for drafter in (jacobi, wide):
+        # nothing followed 8 yet: the window starts from the text's last 3 tokens, the only candidate
+        assert _propose(drafter, text, 3) == ([[6, 7, 8]], "jacobi")
+        drafter.read_predictions([BlockPredictions(0, 4, ((6, 7, 8),), ((9, 10, 11, 12),))])
+        # 9 was committed: the window is the target's later predictions, refreshed (a Jacobi iteration)
+        assert _propose(drafter, text + [9], 3) == ([[10, 11, 12]], "jacobi")
+        drafter.read_predictions([BlockPredictions(0, 5, ((10, 11, 12),), ((6, 13, 14, 15),))])
+    assert not _occurs(later, [6, 7, 11])
+    assert _propose(jacobi, later, 2) == ([[7, 11]], "pool")  # the pool's n-gram fills the one slot
+    # beside the pool's two chains, the window: the predictions after the committed 6
+    assert _propose(wide, later, 2) == ([[7, 11], [7, 8], [13, 14]], "pool")
     assert _propose(pool_only, later, 2) == ([[7, 8]], None)
 
 
@@ -197,9 +201,11 @@ def test_bad_options_are_refused_in_one_line(tiny_target, options, message):
 def test_window_zero_is_the_pool_alone(tiny_target):
     drafter = genspec.build_drafter("lookahead", tiny_target, window=0)
     assert not drafter.capabilities.reads_block_predictions and drafter.capabilities.max_candidates == 1
-    assert genspec.build_drafter("lookahead", tiny_target).capabilities.max_candidates == 2
+    jacobi = genspec.build_drafter("lookahead", tiny_target).capabilities  # the window fills a free slot
+    assert jacobi.reads_block_predictions and jacobi.max_candidates == 1
+    assert genspec.build_drafter("lookahead", tiny_target, num_candidates=2).capabilities.max_candidates == 2
 
 
 def test_a_tree_drafter_cannot_be_a_hierarchical_level_below_another(tiny_target):
-    with pytest.raises(ConfigError, match="level 'lookahead' drafts trees"):
-        genspec.build_drafter("hierarchical", tiny_target, levels="lookahead,early-exit")
+    with pytest.raises(ConfigError, match="level 'suffix' drafts trees"):
+        genspec.build_drafter("hierarchical", tiny_target, levels="suffix,early-exit")

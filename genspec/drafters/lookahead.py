@@ -10,12 +10,15 @@ both are candidates of one draft, verified in one target pass:
 - the verification branch: up to ``num_candidates`` pool n-grams starting with the last token (most recent
   first, each chained through the pool up to the draft length);
 - the lookahead branch (``window`` W > 0): W guesses ``g_1..g_W`` of the tokens after the last one, drafted
-  as one more candidate chain. The target's pass over ``[last, g_1..g_W]`` is a Jacobi iteration: its most
+  in a candidate slot the pool leaves free (with one candidate, the default: where the pool has no n-gram
+  after the last token). The target's pass over ``[last, g_1..g_W]`` is a Jacobi iteration: its most
   likely token after ``g_i`` is the next guess for position i + 1, and the prefix of guesses that matches
   those predictions is what greedy verification accepts anyway. So the engine hands the drafter the
   target's predictions at every node of its block, also past the first rejection
   (:attr:`~genspec.drafters.base.DrafterCapabilities.reads_block_predictions`), and the drafter refreshes
-  the window from them: each position's guess over the steps is that column's trajectory. Every prediction
+  the window from them: each position's guess over the steps is that column's trajectory (when a pool chain
+  took the slot, the window is refreshed from the target's predictions along that chain: any chain the target
+  scored is a Jacobi iterate). Every prediction
   with the N-1 tokens it followed in the chain is an n-gram the target produced, added to the pool (in the
   paper's 2-D window each new token attends to the N-1 earlier guesses along its diagonal, so its n-gram
   is that diagonal; in one causal chain the N-1 tokens a prediction follows are the window's own).
@@ -123,8 +126,7 @@ class LookaheadDrafter(CandidateDrafter):
         self.ngram_size, self.pool_size, self.window = ngram_size, pool_size, window
         self.pool_candidates = self.num_candidates
         if window:
-            self.capabilities = replace(self.capabilities, max_candidates=self.pool_candidates + 1,
-                                        reads_block_predictions=True)
+            self.capabilities = replace(self.capabilities, reads_block_predictions=True)
 
     def new_row(self, context: RequestContext) -> _Row:
         return _Row(self.ngram_size, self.pool_size)
@@ -136,8 +138,8 @@ class LookaheadDrafter(CandidateDrafter):
         if self.window:
             guess = self._window(row, sequence)[:limit]
             evidence = "pool" if chains else "jacobi" if guess else None
-            if guess and guess not in chains:
-                chains.append(guess)
+            if guess and len(chains) < self.pool_candidates and guess not in chains:
+                chains.append(guess)  # in a slot the pool leaves free (module docstring)
         elif self.pool_candidates > 1:
             guess = self._trajectory(row, sequence, limit)
             if guess and guess not in chains:
