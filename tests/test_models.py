@@ -11,6 +11,19 @@ from genspec.models import HFCausalLM
 from genspec.models.hf import TransposedLinear
 
 
+class FakeClock:
+    """A clock read twice per timed call: the second reading is ``duration`` later."""
+
+    def __init__(self):
+        self.now, self.duration, self.readings = 0.0, 0.0, 0
+
+    def __call__(self):
+        self.readings += 1
+        if self.readings % 2 == 0:
+            self.now += self.duration
+        return self.now
+
+
 # Gemma 3's RMSNorm computes in float32 even for float64 inputs (``x.float()``), so last-bit differences
 # of the float64 products (another BLAS kernel) come out at float32 rounding there: 1e-5, not 1e-10.
 @pytest.mark.parametrize("build, tolerance", [(tiny_llama, 1e-10), (tiny_gemma3, 1e-5)])
@@ -177,16 +190,6 @@ def test_a_large_lm_head_keeps_the_kernel_that_timed_faster_for_each_row_count()
     (computed as two) and at 2 rows, and the bmm faster at 5."""
     from genspec.kernels import TUNE_TRIALS, LMHead
 
-    class FakeClock:  # read twice per timed call: the second reading is ``duration`` later
-        def __init__(self):
-            self.now, self.duration, self.readings = 0.0, 0.0, 0
-
-        def __call__(self):
-            self.readings += 1
-            if self.readings % 2 == 0:
-                self.now += self.duration
-            return self.now
-
     clock = FakeClock()
     weight = torch.randn(2100, 16, dtype=torch.float64)
     head = LMHead(weight, tune=True, clock=clock)
@@ -215,16 +218,6 @@ def test_a_decoders_linears_share_one_kernel_choice_timed_over_whole_passes():
     exact; row counts above LINEAR_TUNE_MAX_ROWS keep the fixed choice, untimed."""
     from genspec.kernels import TUNE_TRIALS, KernelTuner
     from genspec.models.hf import LINEAR_TUNE_MAX_ROWS, linear_kernels
-
-    class FakeClock:  # read twice per timed pass: the second reading is ``duration`` later
-        def __init__(self):
-            self.now, self.duration, self.readings = 0.0, 0.0, 0
-
-        def __call__(self):
-            self.readings += 1
-            if self.readings % 2 == 0:
-                self.now += self.duration
-            return self.now
 
     generator = torch.Generator().manual_seed(0)
     first, second = torch.nn.Linear(24, 16), torch.nn.Linear(16, 7)
