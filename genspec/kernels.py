@@ -71,7 +71,7 @@ TUNE_MIN_ELEMENTS = 1 << 24
 #: timed calls of each kernel before a row count's kernel is chosen
 TUNE_TRIALS = 2
 #: a chosen row count is timed again after this many of its calls, then after twice as many each time, up
-#: to every ``RETUNE_MAX`` calls (see :meth:`LMHead._count_call`)
+#: to every ``RETUNE_MAX`` calls (see :meth:`KernelTuner._count_call`)
 RETUNE_FIRST, RETUNE_MAX = 64, 8192
 
 
