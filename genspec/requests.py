@@ -24,8 +24,7 @@ def group_rule(requests: list[Request]) -> Rule:
     """The rule a group's rows that are not coupled follow, with each row's epsilon and delta: lossless rows
     (standard and coupled share a group, :meth:`Request.group`) follow the standard rule, lossy groups
     their own."""
-    rules = [r.config.acceptance_rule for r in requests]
-    return Rule.batch([Rule(delta=rule.delta) if rule.lossless else rule for rule in rules])
+    return Rule.batch([r.rule for r in requests])
 
 
 class Request:
@@ -56,6 +55,8 @@ class Request:
         self.reads_hidden = drafter is not None and capabilities.reads_target_hidden
         self.hidden_layers = capabilities.target_hidden_layers if self.reads_hidden else ()  # beyond the final states
         self.coupled = config.acceptance_rule.kind is RuleKind.COUPLED and not self.sampling.greedy  # the coupled rule verifies it
+        rule = config.acceptance_rule
+        self.rule = Rule(delta=rule.delta) if rule.lossless else rule  # its row of its group's rule (group_rule)
         self.pending_hidden: list[torch.Tensor] = []  # the target's hidden states not yet handed to the drafter
 
     @property

@@ -18,6 +18,7 @@ import torch
 from genspec.acceptance.rules import TargetLaw
 from genspec.checks import finite, integer
 from genspec.errors import ConfigError
+from genspec.kernels import most_likely
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def process_logits(logits: torch.Tensor, sampling, seen: torch.Tensor | None = N
     logits = logits.to(dtype)
     greedy = [c.greedy for c in rows]
     if all(greedy):
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(dtype)
+        return torch.nn.functional.one_hot(most_likely(logits), logits.shape[-1]).to(dtype)
     scores = logits / _row_tensor([c.temperature if not c.greedy else 1.0 for c in rows], logits)
     vocab = scores.shape[-1]
     top_k = [c.top_k if (0 < c.top_k < vocab and not c.greedy) else 0 for c in rows]
@@ -167,7 +168,7 @@ def process_logits(logits: torch.Tensor, sampling, seen: torch.Tensor | None = N
         scores = scores.masked_fill(_outside_nucleus(scores, _row_tensor(top_p, scores)), -math.inf)
     probs = scores.softmax(-1)
     if any(greedy):
-        one_hot = torch.nn.functional.one_hot(logits.argmax(-1), vocab).to(dtype)
+        one_hot = torch.nn.functional.one_hot(most_likely(logits), vocab).to(dtype)
         probs = torch.where(_row_tensor(greedy, scores).bool(), one_hot, probs)
     return probs
 
@@ -181,4 +182,4 @@ def target_law(logits: torch.Tensor, sampling, seen: torch.Tensor | None = None)
         return TargetLaw(probs=process_logits(logits, rows, seen))
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, [c.repetition_penalty for c in rows])
-    return TargetLaw(tokens=logits.argmax(-1))
+    return TargetLaw(tokens=most_likely(logits))

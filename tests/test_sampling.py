@@ -326,3 +326,36 @@ def test_float32_input_close_to_float64_reference(temperature, top_k, top_p, pen
     # no token outside the reference support; a kept token may only vanish by float32 underflow
     assert not ((ours > 0) & (ref == 0)).any()
     assert (ref[(ref > 0) & (ours == 0)] < 1e-30).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_most_likely_is_torch_argmax(dtype):
+    """NumPy's argmax (float CPU tensors) and torch's (the rest) agree with torch.argmax: first index of the
+    largest value, ties and NaN included."""
+    from genspec.kernels import most_likely
+
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 5, (3, 4, 50), generator=generator).to(dtype)  # many ties
+    scores[1, 2, 17] = float("nan")
+    scores[2, 0] = float("-inf")
+    scores[2, 1, 3] = float("inf")
+    for view in (scores, scores[:, 1:3], scores.transpose(0, 1)):
+        chosen = most_likely(view)
+        assert chosen.dtype == torch.long and torch.equal(chosen, view.argmax(-1))
+    assert most_likely(torch.zeros(0, 5)).shape == (0,)
+
+
+def test_unusable_rows_finds_nan_inf_and_all_masked_rows():
+    from genspec.drafting import unusable_rows
+
+    logits = torch.randn(4, 3, 20)
+    logits[1, 2, 5] = float("nan")
+    logits[2, 0, 0] = float("inf")
+    logits[3, 1] = float("-inf")
+    logits[0, 1, 4] = float("-inf")  # a masked token: fine
+    valid = torch.ones(4, 3, dtype=torch.bool)
+    assert unusable_rows(logits, valid) == [1, 2, 3]
+    valid[1, 2] = False  # the NaN sits where nothing is read
+    assert unusable_rows(logits, valid) == [2, 3]
+    assert unusable_rows(logits.double(), valid) == [2, 3]
+    assert unusable_rows(logits.bfloat16(), valid) == [2, 3]

@@ -89,12 +89,17 @@ class Rule:
     @classmethod
     def batch(cls, rules: Sequence["Rule"]) -> "Rule":
         """One rule for rows verified together: their shared kind and residual, each row's epsilon and delta
-        in ``[B]`` float64 tensors."""
+        in ``[B]`` float64 tensors. The rows' rules are valid already: not validated again (the engine batches
+        its groups' rules every step)."""
         kinds = {(r.kind, r.residual) for r in rules}
         if len(kinds) != 1:
             raise ValueError(f"rows verified together share a rule kind and residual, got {sorted(kinds)}")
-        return cls(rules[0].kind, torch.tensor([float(r.epsilon) for r in rules], dtype=torch.float64),
-                   rules[0].residual, torch.tensor([float(r.delta) for r in rules], dtype=torch.float64))
+        batched = object.__new__(cls)
+        for name, value in (("kind", rules[0].kind), ("residual", rules[0].residual),
+                            ("epsilon", torch.tensor([float(r.epsilon) for r in rules], dtype=torch.float64)),
+                            ("delta", torch.tensor([float(r.delta) for r in rules], dtype=torch.float64))):
+            object.__setattr__(batched, name, value)
+        return batched
 
     def per_row(self, change: Callable[[torch.Tensor], torch.Tensor], names=("epsilon", "delta")) -> "Rule":
         """This rule with ``change`` applied to its per-row (tensor) parameters ``names``, e.g. an ``unsqueeze``

@@ -54,6 +54,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from genspec.acceptance.rule import STANDARD, Rule, RuleKind
+from genspec.kernels import most_likely
 from genspec.randomness import Noise
 
 
@@ -192,7 +193,7 @@ def coupled_tokens(probs: torch.Tensor, race: torch.Tensor) -> torch.Tensor:
     a token of probability 0 is never drawn. Draft and target call it with the same noise of a position:
     that is the whole coupling."""
     scores = torch.where(probs > 0, probs.to(race.dtype) / race, torch.zeros_like(race))
-    return scores.argmax(-1)
+    return most_likely(scores)
 
 
 def _uniforms(shape, like: torch.Tensor, given: torch.Tensor | None, generator: torch.Generator | None):
@@ -272,6 +273,8 @@ def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor,
     ``target_argmax`` is ``[B, k + 1]``: the target's greedy token at each draft position plus the bonus.
     """
     batch, k = draft_tokens.shape
+    if k == 0:  # nothing drafted (plain decoding): the target's token
+        return ChainVerdict(torch.zeros(batch, dtype=torch.long, device=target_argmax.device), target_argmax[:, 0])
     matches = draft_tokens == target_argmax[:, :k]
     if draft_lengths is not None:
         matches &= torch.arange(k, device=draft_tokens.device) < draft_lengths.unsqueeze(1)

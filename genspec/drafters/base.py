@@ -19,6 +19,7 @@ import torch
 
 from genspec.acceptance import coupled_tokens, sample_with_uniforms
 from genspec.errors import ConfigError
+from genspec.kernels import most_likely
 from genspec.models.base import CausalLM, PrefixKV
 from genspec.randomness import RequestRandomness
 from genspec.sampling import SamplingConfig
@@ -478,7 +479,7 @@ def draw_tokens(laws: torch.Tensor, contexts: list[RequestContext], positions: l
     coupled = [on and c.noise is not None and not c.sampling.greedy for on, c in zip(drawing, contexts)]
     uniforms = request_uniforms(contexts, 1, [on and not c for on, c in zip(drawing, coupled)])[:, 0]
     greedy = torch.tensor([c.sampling.greedy for c in contexts], device=laws.device)
-    tokens = torch.where(greedy, laws.argmax(-1), sample_with_uniforms(laws, uniforms.to(laws.device)))
+    tokens = torch.where(greedy, most_likely(laws), sample_with_uniforms(laws, uniforms.to(laws.device)))
     for row, context in enumerate(contexts):
         if coupled[row]:
             tokens[row] = coupled_tokens(laws[row], context.noise.race(positions[row], laws.shape[-1]).to(laws.device))
