@@ -275,6 +275,22 @@ def test_bench_on_a_gguf_file_runs_the_llamacpp_baselines(tiny_gguf, tmp_path):
     assert "vs llamacpp-plain" in (out / "report.md").read_text()
 
 
+def test_llamacpp_lookup_takes_a_prompt_longer_than_its_batch(tiny_gguf):
+    """llama-cpp-python's prompt lookup baseline decodes a prompt of 600 tokens (more than its 512-token batch,
+    as the embedded model's rag and summarization prompts) and gives its plain decoding's greedy tokens."""
+    from genspec.bench.llamacpp_baselines import LlamaCppDecoder
+    from genspec.bench.methods import parse_methods
+
+    path, _, _ = tiny_gguf
+    prompt = [(7 * i) % 200 + 3 for i in range(600)]
+    outputs = {}
+    for spec in parse_methods("llamacpp-plain,llamacpp-lookup:num_pred_tokens=4", backend="llamacpp"):
+        decoder = LlamaCppDecoder(spec, path, eos_token_ids=[], context=768, threads=1)
+        outputs[spec.base] = decoder.decode(prompt, 8, SamplingConfig(), seed=0)["token_ids"]
+    assert len(outputs["llamacpp-lookup"]) == 8
+    assert outputs["llamacpp-lookup"] == outputs["llamacpp-plain"]
+
+
 def test_bench_refuses_methods_of_the_other_backend(tiny_gguf, capsys):
     from genspec.cli import main
 

@@ -32,8 +32,11 @@ class LlamaCppDecoder:
         self.name = spec.name
         self.options = dict(LOOKUP_DEFAULTS, **spec.options) if spec.base == "llamacpp-lookup" else {}
         draft = LlamaPromptLookupDecoding(**self.options) if self.options else None
+        # logits_all with a draft: llama-cpp-python 0.3.36 keeps every position's logits when it drafts but sizes
+        # their buffer from this argument (n_batch rows when False), so prompts over 512 tokens failed with a
+        # broadcast error (tests/test_llamacpp.py::test_llamacpp_lookup_takes_a_prompt_longer_than_its_batch)
         self.llama = Llama(str(path), n_ctx=context, n_threads=threads or len(os.sched_getaffinity(0)),
-                           draft_model=draft, verbose=False)
+                           draft_model=draft, logits_all=draft is not None, verbose=False)
         self.eos_token_ids = set(eos_token_ids)
 
     @property
