@@ -80,13 +80,13 @@ RETUNE_FIRST, RETUNE_MAX = 64, 8192
 
 def most_likely(scores: torch.Tensor) -> torch.Tensor:
     """The argmax over the last axis, ``[..., V] -> [...]`` (int64): the first index of the largest value, a NaN
-    counting as the largest, as ``torch.argmax``. A float CPU tensor goes through NumPy: one row of 262,144
-    float32 logits took torch 2.13's CPU argmax 370 µs and NumPy's 15 µs on the 2-core Xeon VM, 1.5% of a
-    llama.cpp plain step of the embedded model (``python benchmarks/costs/argmax_cost.py``)."""
-    if (scores.device.type != "cpu" or scores.dtype not in (torch.float32, torch.float64) or scores.requires_grad
-            or scores.numel() == 0):
-        return scores.argmax(-1)
-    return torch.from_numpy(np.asarray(scores.numpy().argmax(-1), dtype=np.int64))
+    counting as the largest, as ``torch.argmax`` (of a bool tensor: the first True). A CPU tensor goes through
+    NumPy: one row of 262,144 float32 logits took torch 2.13's CPU argmax 370 µs and NumPy's 15 µs on the 2-core
+    Xeon VM, 1.5% of a llama.cpp plain step of the embedded model (``python benchmarks/costs/argmax_cost.py``)."""
+    if (scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64, torch.bool)
+            and not scores.requires_grad and scores.numel()):
+        return torch.from_numpy(np.asarray(scores.numpy().argmax(-1), dtype=np.int64))
+    return (scores.to(torch.uint8) if scores.dtype == torch.bool else scores).argmax(-1)
 
 
 def weight_times_rows(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,7 @@ LLAMACPP_SERVER = ("llama_cpp.server",)  # a mode's flags that start llama-cpp-p
 
 def start_server(flags: tuple[str, ...], port: int, args) -> subprocess.Popen:
     if flags == LLAMACPP_SERVER:
-        # its defaults but the context (2,048: the longest prompt plus 128 tokens fits) and the threads, which
+        # its defaults but the context (4,096: the longest prompt plus 128 tokens fits) and the threads, which
         # genspec's llamacpp backend also sets to the machine's cores; one Llama, requests served one at a time
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_model(args)), "--host", "127.0.0.1",
                    "--port", str(port), "--n_ctx", "4096", "--n_threads", str(os.cpu_count()),

@@ -49,7 +49,7 @@ whatever was drafted (several candidates: keep the one equal to x).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -181,7 +181,7 @@ def sample_with_uniforms(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.T
     total = cumulative[..., -1:]
     scaled = uniforms.to(cumulative.dtype).unsqueeze(-1) * total
     index = torch.searchsorted(cumulative.contiguous(), scaled.contiguous(), right=True).squeeze(-1)
-    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(-1)
+    last_positive = probs.shape[-1] - 1 - most_likely((probs > 0).flip(-1))
     return torch.minimum(index, last_positive)
 
 
@@ -495,7 +495,7 @@ def verify(draft: Candidates, target: TargetLaw, rule: Rule = STANDARD, noise: N
             matched.target_probs = target_probs
             return matched
     if isinstance(rule.epsilon, torch.Tensor) and not bool(rule.epsilon.any()):
-        rule = replace(rule, epsilon=0.0)  # no over-acceptance: float32 laws are judged in float32
+        rule = rule.per_row(lambda _: 0.0, names=("epsilon",))  # no over-acceptance: float32 laws are judged in float32
     if node_of is None:
         verdict = verify_chain(chains[:, 0], target_probs, None if draft.probs is None else draft.probs[:, 0],
                                lengths[:, 0], rule, noise)

@@ -1,0 +1,78 @@
+"""What top-p (nucleus) filtering costs on the embedded model's real laws: a full sort of the vocabulary, the
+top 1,024 tokens, and genspec's selection by probability share (:data:`genspec.sampling.NUCLEUS_SHARE`).
+
+    python benchmarks/costs/top_p_cost.py [--temperature 0.7] [--top-p 0.9] [--repeats 50]
+
+Logits: the embedded Gemma 3 270M (llama.cpp backend) after each of 4 Spec-Bench-style prompts and 16 greedy
+tokens of each (64 rows of 262,144 logits), scaled by the temperature. Median milliseconds per row; with the
+share selection, how many tokens it ranked and how often it had to widen.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import genspec
+import genspec.sampling as sampling
+
+PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain why the sky is blue.",
+           "def quicksort(arr):", "Translate to French: The weather is nice today."]
+
+
+def rows_of_logits(tokens: int = 16) -> torch.Tensor:
+    engine = genspec.load(drafter="none", backend="llamacpp")
+    target, rows = engine.target, []
+    for prompt in PROMPTS:
+        ids = engine.tokenizer(prompt)["input_ids"]
+        target.reset(0)
+        target.add_rows([ids[:-1]])
+        last = ids[-1]
+        for _ in range(tokens):
+            logits = target.forward(torch.tensor([[last]]))[0, 0]
+            target.commit_all()
+            rows.append(logits.clone())
+            last = int(logits.argmax())
+    return torch.stack(rows)
+
+
+def median_ms(function, repeats: int) -> float:
+    function()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    logits = rows_of_logits() / args.temperature
+    limit = torch.tensor([[args.top_p]])
+    ranked = []
+    for row in logits:
+        probs = (row - row.max()).exp()
+        probs /= probs.sum()
+        ranked.append(int((probs >= probs.max() * sampling.NUCLEUS_SHARE).sum()))
+    sort = [median_ms(lambda: torch.sort(row, descending=True), args.repeats // 5 or 1) for row in logits[:8]]
+    topk = [median_ms(lambda: torch.topk(row, 1024), args.repeats) for row in logits]
+    share = [median_ms(lambda: sampling._outside_nucleus(row[None], limit), args.repeats) for row in logits]
+    kept = [int((~sampling._outside_nucleus(row[None], limit)).sum()) for row in logits]
+    print(f"{len(logits)} rows, T {args.temperature}, top-p {args.top_p}; median ms per row [max]")
+    print(f"| full sort | {statistics.median(sort):.2f} [{max(sort):.2f}] |")
+    print(f"| top 1,024 | {statistics.median(topk):.2f} [{max(topk):.2f}] |")
+    print(f"| by share (genspec) | {statistics.median(share):.2f} [{max(share):.2f}] |")
+    print(f"tokens ranked by share: median {statistics.median(ranked)}, max {max(ranked)}; nucleus size: median "
+          f"{statistics.median(kept)}, max {max(kept)}; rows whose first selection held less than top-p: "
+          f"{sum(k > r for k, r in zip(kept, ranked))}")
+
+
+if __name__ == "__main__":
+    main()
