@@ -50,11 +50,14 @@ LLAMACPP_SERVER = ("llama_cpp.server",)  # a mode's flags that start llama-cpp-p
 
 def start_server(flags: tuple[str, ...], port: int, args) -> subprocess.Popen:
     if flags == LLAMACPP_SERVER:
-        # its defaults but the context (4,096: the longest prompt plus 128 tokens fits) and the threads, which
-        # genspec's llamacpp backend also sets to the machine's cores; one Llama, requests served one at a time
+        # its defaults but the context (4,096: the longest prompt plus 128 tokens fits), the threads, which
+        # genspec's llamacpp backend also sets to the machine's cores, and interrupt_requests: by default a new
+        # request cuts the stream being served (19 of 20 requests failed at 4 clients); one Llama, requests
+        # served one at a time
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_model(args)), "--host", "127.0.0.1",
                    "--port", str(port), "--n_ctx", "4096", "--n_threads", str(os.cpu_count()),
-                   "--n_threads_batch", str(os.cpu_count()), "--verbose", "False"]
+                   "--n_threads_batch", str(os.cpu_count()), "--interrupt_requests", "False",
+                   "--verbose", "False"]
     else:
         command = [sys.executable, "-m", "genspec", "serve", "--host", "127.0.0.1", "--port", str(port),
                    "--max-batch-size", str(args.max_batch_size), "--max-queue", "256", *flags]
