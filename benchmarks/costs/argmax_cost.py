@@ -8,25 +8,15 @@ Median microseconds per call over ``--repeats`` calls, on random float32 logits 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from timing import median_seconds
 
 from genspec.kernels import most_likely
 
 VOCAB = 262_144
 SHAPES = [(1, 1), (1, 4), (1, 9), (4, 1), (4, 9)]
 
-
-def median_microseconds(function, repeats: int) -> float:
-    function()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e6
 
 
 def main() -> None:
@@ -39,8 +29,8 @@ def main() -> None:
     for rows, width in SHAPES:
         logits = torch.randn(rows, width, VOCAB)
         assert torch.equal(logits.argmax(-1), most_likely(logits))
-        print(f"| {rows} x {width} | {median_microseconds(lambda: logits.argmax(-1), args.repeats):.0f} "
-              f"| {median_microseconds(lambda: most_likely(logits), args.repeats):.0f} |")
+        print(f"| {rows} x {width} | {median_seconds(lambda: logits.argmax(-1), args.repeats) * 1e6:.0f} "
+              f"| {median_seconds(lambda: most_likely(logits), args.repeats) * 1e6:.0f} |")
 
 
 if __name__ == "__main__":

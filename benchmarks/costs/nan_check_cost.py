@@ -14,10 +14,9 @@ its output (the residual stream) and whether it is finite; then whether the logi
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from timing import median_seconds
 
 import genspec
 from genspec.drafting import unusable_rows
@@ -25,15 +24,6 @@ from genspec.drafting import unusable_rows
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
            "Summarize: The council approved the new budget for the library."]
 
-
-def median_seconds(function, repeats: int = 20) -> float:
-    function()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def cost() -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from timing import median_seconds
 
 import genspec
 import genspec.sampling as sampling
@@ -38,15 +38,6 @@ def rows_of_logits(tokens: int = 16) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def median_ms(function, repeats: int) -> float:
-    function()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -61,9 +52,9 @@ def main() -> None:
         probs = (row - row.max()).exp()
         probs /= probs.sum()
         ranked.append(int((probs >= probs.max() * sampling.NUCLEUS_SHARE).sum()))
-    sort = [median_ms(lambda: torch.sort(row, descending=True), args.repeats // 5 or 1) for row in logits[:8]]
-    topk = [median_ms(lambda: torch.topk(row, 1024), args.repeats) for row in logits]
-    share = [median_ms(lambda: sampling._outside_nucleus(row[None], limit), args.repeats) for row in logits]
+    sort = [1e3 * median_seconds(lambda: torch.sort(row, descending=True), args.repeats // 5 or 1) for row in logits[:8]]
+    topk = [1e3 * median_seconds(lambda: torch.topk(row, 1024), args.repeats) for row in logits]
+    share = [1e3 * median_seconds(lambda: sampling._outside_nucleus(row[None], limit), args.repeats) for row in logits]
     kept = [int((~sampling._outside_nucleus(row[None], limit)).sum()) for row in logits]
     print(f"{len(logits)} rows, T {args.temperature}, top-p {args.top_p}; median ms per row [max]")
     print(f"| full sort | {statistics.median(sort):.2f} [{max(sort):.2f}] |")
