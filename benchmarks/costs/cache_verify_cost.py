@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
-import time
+
+from timing import median_seconds
 
 import genspec
 from genspec import embedded
 
-
-def median_seconds(function, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def cpu_name() -> str:
@@ -42,9 +34,9 @@ def main() -> None:
     print("| what | seconds |\n|---|---|")
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.stat().st_size > 1_000_000:
-            seconds = median_seconds(lambda: embedded._sha256(path), 3)
+            seconds = median_seconds(lambda: embedded._sha256(path), 3, warmup=0)
             print(f"| sha256 of {path.name} ({path.stat().st_size / 1e6:,.0f} MB) | {seconds:.3f} |")
-    seconds = median_seconds(lambda: embedded.verify_cache(directory), 5)
+    seconds = median_seconds(lambda: embedded.verify_cache(directory), 5, warmup=0)
     print(f"| check on every load (sizes, header, sha256 of files <= "
           f"{embedded.HASH_ON_EVERY_LOAD_BYTES >> 20} MiB) | {seconds:.3f} |")
     weights = directory / "model.safetensors"
@@ -58,8 +50,8 @@ def main() -> None:
             os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
     print(f"| check after the weights' modification time changed (full sha256) | "
-          f"{median_seconds(check_after_touch, 3):.3f} |")
-    print(f"| genspec.load_model(backend='torch') (verification included) | {median_seconds(lambda: genspec.load_model(backend='torch'), 3):.3f} |")
+          f"{median_seconds(check_after_touch, 3, warmup=0):.3f} |")
+    print(f"| genspec.load_model(backend='torch') (verification included) | {median_seconds(lambda: genspec.load_model(backend='torch'), 3, warmup=0):.3f} |")
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import torch.utils.mkldnn
+from timing import median_seconds  # benchmarks/costs/ is on the path when run as a script
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from genspec.embedded import default_model_dir
@@ -35,14 +34,7 @@ CONTEXT = 200
 
 
 def median_ms(fn, repeats: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * median_seconds(fn, repeats, warmup)
 
 
 def chunks_of(matrix: torch.Tensor, parts: int, dim: int) -> list[torch.Tensor]:

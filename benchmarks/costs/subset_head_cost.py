@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 
 import torch
+from timing import median_seconds
 from verify_width_cost import cpu_name  # benchmarks/ is on the path when run as a script
 
 import genspec
@@ -27,14 +28,7 @@ ROWS = (1, 2, 3, 5, 16, 2048)
 
 
 def median_ms(fn, repeats: int) -> float:
-    import time
-
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return 1000 * median_seconds(fn, repeats, warmup=0)
 
 
 def main() -> None:
