@@ -63,7 +63,7 @@ def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
     logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
     benchmarks/costs/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
     if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64) and scores.numel():
-        # NumPy's max: 0.1 ms less than torch's amax and isfinite per step on one 262,144-logit row (2-core Xeon)
+        # NumPy's max and isfinite: quicker than torch's on a CPU (python benchmarks/costs/nan_check_cost.py times the check)
         bad = ~np.isfinite(scores.detach().numpy().max(-1)) & valid.cpu().numpy()
         return bad.reshape(bad.shape[0], -1).any(-1).nonzero()[0].tolist()
     peak = scores.amax(-1)

@@ -107,8 +107,8 @@ def block_seen_mask(base_seen: torch.Tensor, block_tokens: torch.Tensor,
 
 #: top-p looks for the nucleus among the tokens at least this share as likely as the most likely one first (then
 #: among those at least its square, ..., then all, while they hold less than top_p). Ranking a whole 262,144-token
-#: row took 17.5 ms on the 2-core Intel Xeon (torch.sort), its top 1,024 tokens 1.0-2.0 ms (torch.topk): a tenth of
-#: a llama.cpp step of the embedded model; selecting by share and ranking those takes about 0.3 ms
+#: row of the embedded model's laws took 16.5 ms on the 2-core Intel Xeon (torch.sort), its top 1,024 tokens 0.9 ms
+#: (torch.topk), selecting by share and ranking those 0.5 ms, against a 25 ms llama.cpp step
 #: (``python benchmarks/costs/top_p_cost.py``)
 NUCLEUS_SHARE = 1e-4
 
@@ -130,8 +130,8 @@ def _outside_nucleus(scores: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
 
 
 def _at_least(scores: torch.Tensor, threshold: float) -> torch.Tensor:
-    """The indices of ``scores`` ``[V]`` >= ``threshold``. On a CPU through NumPy: 50 µs against torch's nonzero
-    240 µs on a 262,144-token row (2-core Xeon)."""
+    """The indices of ``scores`` ``[V]`` >= ``threshold`` (on a CPU through NumPy, whose ``flatnonzero`` is the
+    quicker on a 262,144-token row: part of ``benchmarks/costs/top_p_cost.py``'s "by share" time)."""
     if scores.device.type == "cpu" and not scores.requires_grad:
         return torch.from_numpy(np.flatnonzero(scores.numpy() >= threshold))
     return (scores >= threshold).nonzero().flatten()
