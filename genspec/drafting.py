@@ -10,6 +10,7 @@ import torch
 
 from genspec.drafters.base import BlockPredictions, Draft, DraftBlock, Drafter, DraftOffer, DraftRequest
 from genspec.errors import GenerationError, NumericalError
+from genspec.kernels import cpu_array
 from genspec.requests import Request
 
 
@@ -62,11 +63,9 @@ def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
     embedded model it cost 0.0-3.3% of the target pass it follows (blocks of 1-4 rows x 1-9 tokens,
     logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
     benchmarks/costs/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
-    if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64) and scores.numel():
-        # NumPy's max and isfinite: quicker than torch's on a CPU (python benchmarks/costs/nan_check_cost.py times the check)
-        bad = ~np.isfinite(scores.detach().numpy().max(-1)) & valid.cpu().numpy()
-        return bad.reshape(bad.shape[0], -1).any(-1).nonzero()[0].tolist()
-    peak = scores.amax(-1)
+    array = cpu_array(scores)
+    # NumPy's max where it can: quicker than torch's on a CPU (python benchmarks/costs/nan_check_cost.py times the check)
+    peak = torch.from_numpy(np.asarray(array.max(-1))) if array is not None else scores.amax(-1)
     bad = ~torch.isfinite(peak) & valid.to(peak.device)
     return bad.reshape(bad.shape[0], -1).any(-1).nonzero().flatten().tolist()
 

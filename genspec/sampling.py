@@ -19,7 +19,7 @@ import torch
 from genspec.acceptance.rules import TargetLaw
 from genspec.checks import finite, integer
 from genspec.errors import ConfigError
-from genspec.kernels import most_likely
+from genspec.kernels import cpu_array, most_likely
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,9 @@ def _outside_nucleus(scores: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
 def _at_least(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     """The indices of ``scores`` ``[V]`` >= ``threshold`` (on a CPU through NumPy, whose ``flatnonzero`` is the
     quicker on a 262,144-token row: part of ``benchmarks/costs/top_p_cost.py``'s "by share" time)."""
-    if scores.device.type == "cpu" and not scores.requires_grad:
-        return torch.from_numpy(np.flatnonzero(scores.numpy() >= threshold))
+    array = cpu_array(scores)
+    if array is not None:
+        return torch.from_numpy(np.flatnonzero(array >= threshold))
     return (scores >= threshold).nonzero().flatten()
 
 
