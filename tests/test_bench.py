@@ -536,3 +536,34 @@ def test_skip_prompts_takes_the_prompts_the_default_run_does_not_measure(capsys)
     assert not {p.question_id for p in replay} & {p.question_id for p in later} and len(later) == 6
     assert main(["bench", "--skip-prompts", "-1", "--quick"]) == 2
     assert "--skip-prompts must be >= 0" in capsys.readouterr().err
+
+
+def test_ignore_eos_generates_the_full_budget_for_every_method(tmp_path, tiny_model_dir):
+    """``--ignore-eos``: genspec's methods and the HF baselines all generate --max-new-tokens past an end token
+    (the same tokens as before it), where without it each stops at that token; settings, report and the
+    replayed command say so."""
+    import shutil
+
+    def bench(model, out, *extra):
+        assert main(["bench", "--model", str(model), "--categories", "qa", "--num-prompts", "1", "--max-new-tokens",
+                     "12", "--repeats", "1", "--methods", "prompt-lookup,hf-prompt-lookup", "--raw", "--out",
+                     str(tmp_path / out), *extra]) == 0
+        results = json.loads((tmp_path / out / "results.json").read_text())
+        return results, {r["method"]: r["token_ids"] for r in results["runs"] if r["phase"] == "main"}
+
+    _, free = bench(tiny_model_dir, "free", "--ignore-eos")
+    plain = free["plain"]
+    end = plain[4]  # make the fifth greedy token the model's end token
+    stop = plain.index(end) + 1
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(dict(config, eos_token_id=end)))
+    _, stopped = bench(model, "stopped")
+    assert set(stopped) == {"plain", "hf-plain", "prompt-lookup", "hf-prompt-lookup"}
+    assert all(tokens == plain[:stop] for tokens in stopped.values())
+    results, ignored = bench(model, "ignored", "--ignore-eos")
+    assert all(tokens == plain for tokens in ignored.values()) and len(plain) == 12
+    assert results["settings"]["ignore_eos"] is True and results["settings"]["eos_token_ids"] == []
+    assert "--ignore-eos" in results["command"]
+    assert "12 new tokens on every call (end tokens ignored)" in (tmp_path / "ignored" / "report.md").read_text()

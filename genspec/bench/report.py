@@ -121,8 +121,10 @@ def _machine(results: dict) -> list[str]:
         + (f"; draft model `{s['draft_model']}`" if s.get("draft_model") else "") + ".",
         f"- Prompts: Spec-Bench, {s.get('num_prompts', '?')} per category"
         + (f" after each category's first {s['skip_prompts']}" if s.get("skip_prompts") else "") + ", categories: "
-        f"{', '.join(s.get('categories', []))}; {s.get('max_new_tokens', '?')} new tokens at most; "
-        f"temperature {s.get('temperature', 0)} ({'greedy' if not s.get('temperature') else 'sampling'}"
+        f"{', '.join(s.get('categories', []))}; "
+        + (f"{s.get('max_new_tokens', '?')} new tokens on every call (end tokens ignored); " if s.get("ignore_eos")
+           else f"{s.get('max_new_tokens', '?')} new tokens at most; ")
+        + f"temperature {s.get('temperature', 0)} ({'greedy' if not s.get('temperature') else 'sampling'}"
         + (f", top-p {s['top_p']}" if s.get("top_p", 1.0) != 1.0 and s.get("temperature") else "") + "), "
         f"seed {s.get('seed', 0)}; k = {_k_text(s.get('num_draft_tokens', '?'))}, draft length policy "
         f"`{s.get('draft_length', '?')}` unless a method sets its own; {s.get('repeats', '?')} repeat(s).",

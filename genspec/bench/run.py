@@ -94,7 +94,9 @@ def execute(s: dict, prompts, console, command: str) -> dict:
                                     backend=backend, max_rows=1)
         if model_path is None:  # the embedded model (load_model refuses a dtype it cannot run in)
             model_path = default_gguf_path() if backend == "llamacpp" else default_model_dir()
-    eos = list(target.eos_token_ids)  # what generate() stops at too: the tokenizer's and the model's
+    # what every method and baseline stops at: the tokenizer's and the model's end tokens, as generate() does,
+    # or none with --ignore-eos (each call then generates --max-new-tokens)
+    eos = [] if s.get("ignore_eos") else list(target.eos_token_ids)
     config = replace(config, eos_token_ids=tuple(eos))
     drafters = {}
 

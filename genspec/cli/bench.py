@@ -78,6 +78,9 @@ def add_parser(subparsers) -> None:
                        "help": "nucleus sampling with --temperature > 0, for every method alike (default 1.0: off)"},
                 seed={"default": 0, "help": "seed of every call (default 0)"})
     bench.add_argument("--repeats", type=int, metavar="R", help="repeats of the whole suite (default 3)")
+    bench.add_argument("--ignore-eos", action="store_true",
+                       help="generate --max-new-tokens on every call, past any end token, for every method and "
+                            "baseline alike: sampled methods then compare tok/s over equal lengths")
     add_options(bench, "num_draft_tokens", "draft_length",
                 num_draft_tokens={"help": "draft tokens per step (max for adaptive policies; default: each "
                                           "drafter's own, 8, suffix 24)"},
@@ -161,7 +164,7 @@ def resolve_settings(args) -> dict:
             "num_prompts": pick["num_prompts"], "skip_prompts": args.skip_prompts,
             "max_new_tokens": pick["max_new_tokens"],
             "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "repeats": pick["repeats"],
-            "num_draft_tokens": args.num_draft_tokens, "draft_length": args.draft_length,
+            "ignore_eos": args.ignore_eos, "num_draft_tokens": args.num_draft_tokens, "draft_length": args.draft_length,
             "k_sweep": sweep_ks, "sweep_method": sweep_method, "sweep_prompts": pick["sweep_prompts"],
             "out": Path(args.out or "bench_results"), "raw": args.raw, "quick": args.quick, "dtype": args.dtype, "threads": args.threads,
             "default_method": "prompt-lookup" if any(m.name == "prompt-lookup" for m in methods) else None}
@@ -194,6 +197,8 @@ def command_line(s: dict) -> str:
               "--draft-length", s["draft_length"]]
     if s.get("top_p", 1.0) != 1.0:
         parts += ["--top-p", str(s["top_p"])]
+    if s.get("ignore_eos"):
+        parts.append("--ignore-eos")
     if s["threads"]:
         parts += ["--threads", str(s["threads"])]
     if s["k_sweep"]:
