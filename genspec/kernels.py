@@ -110,8 +110,20 @@ def weight_times_rows(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 def packable(weight: torch.Tensor) -> bool:
     """Whether ``weight`` can take oneDNN's prepacked GEMM: a float32 CPU tensor, with a torch built with
-    oneDNN (every CPU wheel). Other dtypes (the tests' float64) and devices keep the BLAS kernels."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    oneDNN (every CPU wheel), or a bfloat16 one where oneDNN computes bfloat16 natively (AVX512-BF16 or AMX:
+    :func:`bf16_packable`). Other dtypes (the tests' float64) and devices keep the BLAS kernels."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and bf16_packable())
+
+
+@functools.cache
+def bf16_packable() -> bool:
+    """Whether this CPU runs oneDNN's bfloat16 GEMM in hardware (AVX512-BF16 or AMX). There the packed
+    bfloat16 head takes 15 ms for 1 / 4 / 9 rows against 25 / 30 / 35 ms packed float32 (2-core Intel Xeon,
+    ``python benchmarks/costs/low_precision_cost.py``); without it oneDNN emulates bfloat16 and MKL's
+    kernels stay."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedWeight:

@@ -113,20 +113,20 @@ def block_seen_mask(base_seen: torch.Tensor, block_tokens: torch.Tensor,
 NUCLEUS_SHARE = 1e-4
 
 
-def _outside_nucleus(scores: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
-    """Bool mask like ``scores``: the tokens top-p drops. Ranked by score, a token is dropped when the
-    tokens ranked above it already hold ``limit`` of the mass (the top token always stays); rows with
-    ``limit`` 1 drop nothing. Only the likeliest tokens are ranked (:data:`NUCLEUS_SHARE`), widened until they
-    hold ``limit``: every token below them is then dropped, exactly as a full ranking would drop it.
-    ``limit``: one value per row, broadcastable to ``scores``."""
-    vocab = scores.shape[-1]
-    flat = scores.reshape(-1, vocab)
-    limit = limit.expand(*scores.shape[:-1], 1).reshape(-1).tolist()
-    drop = torch.zeros_like(flat, dtype=torch.bool)
+def _softmax_in_nucleus(scores: torch.Tensor, limit: list[float]) -> torch.Tensor:
+    """The softmax of ``scores`` ``[R, V]`` over each row's nucleus: ranked by score, a token is dropped when
+    the tokens ranked above it already hold ``limit`` of the mass (the top token always stays); a row with
+    ``limit`` 1 keeps every token. Only the likeliest tokens are ranked (:data:`NUCLEUS_SHARE`), widened until
+    they hold ``limit``: every token below them is then dropped, exactly as a full ranking would drop it."""
+    probs = torch.zeros_like(scores)
+    whole = [row for row, top_p in enumerate(limit) if top_p >= 1.0]
+    if whole:
+        probs[whole] = scores[whole].softmax(-1)
     for row, top_p in enumerate(limit):
         if top_p < 1.0:
-            drop[row] = _row_outside_nucleus(flat[row], top_p)
-    return drop.reshape(scores.shape)
+            index, weights = _row_nucleus(scores[row], top_p)
+            probs[row, index] = weights
+    return probs
 
 
 def _at_least(scores: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -138,8 +138,9 @@ def _at_least(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     return (scores >= threshold).nonzero().flatten()
 
 
-def _row_outside_nucleus(scores: torch.Tensor, limit: float) -> torch.Tensor:
-    """:func:`_outside_nucleus` of one row's scores ``[V]``."""
+def _row_nucleus(scores: torch.Tensor, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's nucleus (:func:`_softmax_in_nucleus`): the indices of its tokens in ``scores`` ``[V]`` and their
+    law, the softmax over them (the rest of the row has probability 0: no 262,144-token mask or softmax)."""
     shift = scores.max()
     total = (scores - shift).exp().sum()
     share = NUCLEUS_SHARE
@@ -152,9 +153,8 @@ def _row_outside_nucleus(scores: torch.Tensor, limit: float) -> torch.Tensor:
         if not share or bool(held[-1] >= limit):
             break
         share = share * share if share > 1e-30 else 0.0
-    drop = torch.ones_like(scores, dtype=torch.bool)
-    drop[index[order]] = torch.nn.functional.pad(held[:-1], (1, 0)) >= limit
-    return drop
+    kept = int((torch.nn.functional.pad(held[:-1], (1, 0)) < limit).sum())  # a prefix of the ranking
+    return index[order[:kept]].to(scores.device), ranked[:kept].softmax(0)
 
 
 def process_logits(logits: torch.Tensor, sampling, seen: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,8 +184,11 @@ def process_logits(logits: torch.Tensor, sampling, seen: torch.Tensor | None = N
         scores = scores.masked_fill(scores < kth, -math.inf)
     top_p = [c.top_p if not c.greedy else 1.0 for c in rows]
     if any(p < 1.0 for p in top_p):
-        scores = scores.masked_fill(_outside_nucleus(scores, _row_tensor(top_p, scores)), -math.inf)
-    probs = scores.softmax(-1)
+        positions = scores[0].numel() // vocab  # the rows' laws at each of their block positions
+        flat = [p for p in top_p for _ in range(positions)]
+        probs = _softmax_in_nucleus(scores.reshape(-1, vocab), flat).reshape(scores.shape)
+    else:
+        probs = scores.softmax(-1)
     if any(greedy):
         one_hot = torch.nn.functional.one_hot(most_likely(logits), vocab).to(dtype)
         probs = torch.where(_row_tensor(greedy, scores).bool(), one_hot, probs)
