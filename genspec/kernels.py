@@ -28,7 +28,8 @@ last-bit differences, as between any two batch sizes):
 - ``W @ x.T`` on the original weight (shared with the model, no copy), one row computed as two (MKL's GEMV
   is slower than its two-column GEMM): 3-12 rows (verifying a longer draft) and ``LARGE_GEMM_ROWS`` on;
 - oneDNN's GEMM over a copy of the weight packed once for it (:class:`PackedWeight`), where the weight can
-  take it (a float32 CPU tensor): from 3 rows on it beats the others by far (on a 2-core AMD EPYC 18-24 ms
+  take it (a float32 CPU tensor, or a bfloat16 one where the CPU computes bfloat16 natively: :func:`packable`):
+  from 3 rows on it beats the others by far (on a 2-core AMD EPYC 18-24 ms
   for 3-8 rows and 27-33 ms for 12-16, against 26-49 ms and 94-109 ms as ``W @ x.T``; medians, ``python
   benchmarks/costs/verify_width_cost.py --widths 1,2,3,4,5,6,8,12,16 --repeats 9``), so there it replaces
   the ``bmm`` as the head's second kernel, and its copy replaces the chunked one (no more memory).

@@ -160,6 +160,33 @@ def test_a_float32_cpu_head_takes_the_packed_gemm_without_gradients_and_stays_ex
     assert torch.allclose(copied(hidden), hidden @ weight.T, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("in_hardware", [True, False])
+def test_a_bfloat16_head_and_linear_pack_only_where_onednn_runs_bfloat16_in_hardware(monkeypatch, in_hardware):
+    """bfloat16 weights take oneDNN's packed GEMM where the CPU runs bfloat16 natively (AVX512-BF16 or AMX:
+    the embedded head in 16 ms against 29 ms packed float32, benchmarks/costs/low_precision_cost.py), else the
+    BLAS kernels; either way the product is the float32 one rounded to bfloat16 (within 2 bfloat16 ulps)."""
+    import genspec.kernels as kernels
+    from genspec.kernels import LMHead, packable
+
+    monkeypatch.setattr(kernels, "bf16_packable", lambda: in_hardware)
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 16, generator=generator).bfloat16()
+    assert packable(weight) is in_hardware and packable(weight.float())
+    head = LMHead(weight)
+    assert head.kernels == (("gemm", "packed") if in_hardware else ("gemm", "chunked"))
+    linear = torch.nn.Linear(16, 7).bfloat16()
+    layer = TransposedLinear(linear)
+    for rows in (1, 2, 3, 9):
+        hidden = torch.randn(rows, 16, generator=generator).bfloat16()
+        exact = hidden.double() @ weight.double().T
+        assert head(hidden).dtype == torch.bfloat16
+        assert torch.allclose(head(hidden).double(), exact, rtol=2 ** -7, atol=1e-2)
+        with torch.no_grad():
+            assert layer.kernel(hidden) == ("packed" if in_hardware and rows >= 3 else "gemm")
+            expected = hidden.double() @ linear.weight.double().T + linear.bias.double()
+            assert torch.allclose(layer(hidden).double(), expected, rtol=2 ** -7, atol=1e-2)
+
+
 def test_a_transposed_linear_packs_from_three_rows_and_repacks_after_its_weight_changes():
     """Untimed, 1-2 rows take W @ x.T, 3 or more the packed copy; a weight updated in place (a training step, a
     loaded state dict) is packed again, a deep copy packs its own, and autograd never meets the packed op."""
