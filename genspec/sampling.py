@@ -111,6 +111,8 @@ def block_seen_mask(base_seen: torch.Tensor, block_tokens: torch.Tensor,
 #: (torch.topk), selecting by share and ranking those 0.5 ms, against a 25 ms llama.cpp step
 #: (``python benchmarks/costs/top_p_cost.py``)
 NUCLEUS_SHARE = 1e-4
+#: vocabularies up to this size rank whole rows for top-p, all rows at once (no per-row selection)
+NUCLEUS_SORT_VOCAB = 4096
 
 
 def _softmax_in_nucleus(scores: torch.Tensor, limit: list[float]) -> torch.Tensor:
@@ -118,6 +120,8 @@ def _softmax_in_nucleus(scores: torch.Tensor, limit: list[float]) -> torch.Tenso
     the tokens ranked above it already hold ``limit`` of the mass (the top token always stays); a row with
     ``limit`` 1 keeps every token. Only the likeliest tokens are ranked (:data:`NUCLEUS_SHARE`), widened until
     they hold ``limit``: every token below them is then dropped, exactly as a full ranking would drop it."""
+    if scores.shape[-1] <= NUCLEUS_SORT_VOCAB:
+        return _softmax_in_sorted_nucleus(scores, limit)
     probs = torch.zeros_like(scores)
     whole = [row for row, top_p in enumerate(limit) if top_p >= 1.0]
     if whole:
@@ -127,6 +131,19 @@ def _softmax_in_nucleus(scores: torch.Tensor, limit: list[float]) -> torch.Tenso
             index, weights = _row_nucleus(scores[row], top_p)
             probs[row, index] = weights
     return probs
+
+
+def _softmax_in_sorted_nucleus(scores: torch.Tensor, limit: list[float]) -> torch.Tensor:
+    """:func:`_softmax_in_nucleus` for every row at once by ranking whole rows: the quicker way for a small
+    vocabulary, where a row costs less than the per-row selection's Python (the tests' 20,000-row batches)."""
+    ranked, order = scores.sort(dim=-1, descending=True, stable=True)
+    shares = (ranked - ranked[:, :1]).exp()
+    held = (shares / shares.sum(-1, keepdim=True)).cumsum(-1)
+    # the mass ranked above each token, as in _row_nucleus; a row with top_p 1 drops nothing
+    bound = torch.tensor([p if p < 1.0 else math.inf for p in limit], dtype=held.dtype, device=held.device)
+    drop = torch.nn.functional.pad(held[:, :-1], (1, 0)) >= bound.unsqueeze(-1)
+    dropped = torch.zeros_like(drop).scatter_(-1, order, drop)
+    return scores.masked_fill(dropped, -math.inf).softmax(-1)
 
 
 def _at_least(scores: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -79,6 +79,19 @@ def test_block_logits_equal_single_steps(target):
     assert (after_rollback - fresh).abs().max().item() < 1e-4
 
 
+def test_weights_kept_out_of_the_repacked_kernels_compute_the_same_logits(tiny_gguf, target):
+    """``repack=False`` loads the weights without llama.cpp's repacked CPU buffers; on this float32 model (which
+    llama.cpp does not repack) a block's logits are the default load's."""
+    path, _, tokenizer = tiny_gguf
+    plain = LlamaCppLM(path, tokenizer, context=64, max_rows=1, threads=1, repack=False)
+    logits = {}
+    for name, lm in (("repack", target), ("no repack", plain)):
+        lm.reset(0)
+        lm.add_rows([[3, 4, 5]])
+        logits[name] = lm.forward(torch.tensor([[6, 7, 8]]))[0]
+    assert (logits["repack"] - logits["no repack"]).abs().max() < 1e-5
+
+
 def test_rows_join_and_leave_with_their_own_caches(target):
     """Rows added, removed and added again each see only their own tokens."""
     a, b, c = [3, 4, 5], [50, 60, 70, 80], [9, 9]

@@ -151,8 +151,13 @@ def test_top_k_alone(top_k):
     assert ((ours > 0).sum(-1) == min(k, vocab)).all()
 
 
+@pytest.mark.parametrize("ranking", ["whole rows", "selected per row"])
 @pytest.mark.parametrize("top_p", [1e-9, 0.1, 0.5, 0.9, 0.99, 1.0])
-def test_top_p_alone(top_p):
+def test_top_p_alone(monkeypatch, top_p, ranking):
+    """Both ways of finding the nucleus (all rows ranked at once, for small vocabularies; the likeliest tokens
+    selected row by row, for large ones) give transformers' law."""
+    if ranking == "selected per row":
+        monkeypatch.setattr(genspec.sampling, "NUCLEUS_SORT_VOCAB", 0)
     logits, input_ids = make_case(seed=23, batch=8)
     ours = genspec_probs(logits, input_ids, 1.0, 0, top_p, 1.0)
     assert_same_law(ours, hf_probs(logits, input_ids, None, 0, top_p, 1.0), what=f"top_p={top_p}")
@@ -166,6 +171,7 @@ def test_top_p_ranks_the_likeliest_tokens_first_and_widens_until_they_hold_top_p
     squared, ..., then all) while they hold less than top_p. With a share this high the widening runs, per row
     of a batch mixing top_p values, a top_p 1 row and a greedy row: every row is still transformers' law."""
     monkeypatch.setattr(genspec.sampling, "NUCLEUS_SHARE", share)
+    monkeypatch.setattr(genspec.sampling, "NUCLEUS_SORT_VOCAB", 0)  # the per-row selection at any vocabulary
     configs = [(1.0, 0, 0.1, 1.0), (1.0, 0, 0.5, 1.0), (1.0, 0, 0.9, 1.0), (1.0, 0, 0.99, 1.0),
                (1.0, 0, 1.0, 1.0), (0.0, 0, 0.9, 1.0), (0.7, 5, 0.9, 1.3)]
     logits, input_ids = make_case(seed=70 + int(share * 10), batch=len(configs), vocab=300)

@@ -72,7 +72,9 @@ class LlamaCppLM(CausalLM):
 
     ``max_rows`` rows (sequences) of up to ``context`` tokens each (capped by the model's trained context);
     ``threads`` CPU threads (default: all cores this process may use); ``device`` other than ``cpu`` offloads
-    every layer to the GPU backend llama.cpp was built with (none: it stays on the CPU)."""
+    every layer to the GPU backend llama.cpp was built with (none: it stays on the CPU); ``repack`` False keeps
+    the weights out of llama.cpp's repacked CPU kernels (``benchmarks/costs/llamacpp_verify_cost.py --no-repack``
+    measures what that does to a block's cost and rounding)."""
 
     backend = "llamacpp"
     # llama.cpp's quantised kernels take other paths for a block of tokens than for one (and with other rows in
@@ -81,7 +83,7 @@ class LlamaCppLM(CausalLM):
     batch_invariant = False
 
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
-                 threads: int | None = None, device: str = "cpu"):
+                 threads: int | None = None, device: str = "cpu", repack: bool = True):
         llama_cpp = _import_llama_cpp()
         _quiet_backend(llama_cpp)
         path = Path(path)
@@ -90,7 +92,9 @@ class LlamaCppLM(CausalLM):
         self._llama = llama_cpp
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0 if str(device) == "cpu" else -1
-        if b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
+        if not repack:  # the weights stay as the file lays them out (llama.cpp's CPU_REPACK buffers unused)
+            model_params.use_extra_bufts = False
+        elif b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
             # llama.cpp's AMX kernels crashed on this project's Xeon VM (segfault in ggml_backend_amx_mul_mat at
             # the first decode of the embedded model, llama-cpp-python 0.3.36 built with -march=native): a build
             # that has them keeps the weights out of the AMX buffers. The README's set-up builds without them.
