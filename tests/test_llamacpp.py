@@ -79,13 +79,13 @@ def test_block_logits_equal_single_steps(target):
     assert (after_rollback - fresh).abs().max().item() < 1e-4
 
 
-def test_weights_kept_out_of_the_repacked_kernels_compute_the_same_logits(tiny_gguf, target):
-    """``repack=False`` loads the weights without llama.cpp's repacked CPU buffers; on this float32 model (which
+def test_weights_let_into_the_repacked_kernels_compute_the_same_logits(tiny_gguf, target):
+    """``repack=True`` lets llama.cpp repack the weights for its CPU kernels; on this float32 model (which
     llama.cpp does not repack) a block's logits are the default load's."""
     path, _, tokenizer = tiny_gguf
-    plain = LlamaCppLM(path, tokenizer, context=64, max_rows=1, threads=1, repack=False)
+    plain = LlamaCppLM(path, tokenizer, context=64, max_rows=1, threads=1, repack=True)
     logits = {}
-    for name, lm in (("repack", target), ("no repack", plain)):
+    for name, lm in (("no repack", target), ("repack", plain)):
         lm.reset(0)
         lm.add_rows([[3, 4, 5]])
         logits[name] = lm.forward(torch.tensor([[6, 7, 8]]))[0]

@@ -7,7 +7,7 @@
    text (its kernels may round a position differently in a batch): the flip rate that bounds how often
    speculative greedy output can differ from plain greedy output on this backend.
 
-    python benchmarks/costs/llamacpp_verify_cost.py [--threads N] [--no-repack] [--prompts N] [--out FILE]
+    python benchmarks/costs/llamacpp_verify_cost.py [--threads N] [--repack] [--prompts N] [--out FILE]
 """
 from __future__ import annotations
 
@@ -67,18 +67,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--no-repack", action="store_true",
-                        help="load the weights without llama.cpp's repacked CPU kernels (LlamaCppLM(repack=False))")
+    parser.add_argument("--repack", action="store_true",
+                        help="let llama.cpp repack the weights for its CPU kernels (LlamaCppLM(repack=True))")
     parser.add_argument("--prompts", type=int, default=4, help="prompts (default 4)")
     parser.add_argument("--out", help="also write the figures as JSON here")
     args = parser.parse_args()
     lm = genspec.load_model(None, backend="llamacpp", max_rows=1)
-    if args.threads or args.no_repack:
+    if args.threads or args.repack:
         from genspec.models.llamacpp import LlamaCppLM
 
         path, tokenizer = lm.path, lm.tokenizer
         del lm  # one copy of the weights at a time
-        lm = LlamaCppLM(path, tokenizer, max_rows=1, threads=args.threads, repack=not args.no_repack)
+        lm = LlamaCppLM(path, tokenizer, max_rows=1, threads=args.threads, repack=args.repack)
     # prompts genspec bench does not measure
     prompts = [p for p in load_spec_bench() if p.question_id % 10 == 3][:args.prompts]
     ids = [encode_prompt(p.text, lm.tokenizer) for p in prompts]

@@ -72,18 +72,17 @@ class LlamaCppLM(CausalLM):
 
     ``max_rows`` rows (sequences) of up to ``context`` tokens each (capped by the model's trained context);
     ``threads`` CPU threads (default: all cores this process may use); ``device`` other than ``cpu`` offloads
-    every layer to the GPU backend llama.cpp was built with (none: it stays on the CPU); ``repack`` False keeps
-    the weights out of llama.cpp's repacked CPU kernels (``benchmarks/costs/llamacpp_verify_cost.py --no-repack``
-    measures what that does to a block's cost and rounding)."""
+    every layer to the GPU backend llama.cpp was built with (none: it stays on the CPU); ``repack`` True lets
+    llama.cpp repack the weights for its CPU kernels (off by default: see the comment where it is applied)."""
 
     backend = "llamacpp"
     # llama.cpp's quantised kernels take other paths for a block of tokens than for one (and with other rows in
-    # the batch): on the embedded Q4_K_M model a 4-token block's logits differ by up to 1.5 from four one-token
-    # steps over the same cache, and 3 of 128 greedy tokens flipped (benchmarks/costs/llamacpp_verify_cost.py)
+    # the batch): on the embedded Q4_K_M model 4 of 256 greedy tokens flipped between 4-token blocks and one-token
+    # steps, logits differing by up to 1.7 (benchmarks/costs/llamacpp_verify_cost.py)
     batch_invariant = False
 
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
-                 threads: int | None = None, device: str = "cpu", repack: bool = True):
+                 threads: int | None = None, device: str = "cpu", repack: bool = False):
         llama_cpp = _import_llama_cpp()
         _quiet_backend(llama_cpp)
         path = Path(path)
@@ -92,7 +91,12 @@ class LlamaCppLM(CausalLM):
         self._llama = llama_cpp
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0 if str(device) == "cpu" else -1
-        if not repack:  # the weights stay as the file lays them out (llama.cpp's CPU_REPACK buffers unused)
+        if not repack:
+            # the weights stay as the file lays them out (llama.cpp's CPU_REPACK buffers unused): on the embedded
+            # Q4_K_M model a k-token block then rounds like k one-token steps more often, at the same cost (4 / 4 / 3
+            # greedy flips in 256 positions for 2- / 4- / 8-token blocks against 8 / 11 / 7 repacked; 34.0 against
+            # 33.3 ms for 4 tokens, 21.9 against 21.6 for one; ``python benchmarks/costs/llamacpp_verify_cost.py
+            # --threads 2 --repeats 5 [--repack]``), so fewer greedy outputs leave plain decoding's
             model_params.use_extra_bufts = False
         elif b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
             # llama.cpp's AMX kernels crashed on this project's Xeon VM (segfault in ggml_backend_amx_mul_mat at
