@@ -121,8 +121,8 @@ def packable(weight: torch.Tensor) -> bool:
 @functools.cache
 def bf16_packable() -> bool:
     """Whether this CPU runs oneDNN's bfloat16 GEMM in hardware (AVX512-BF16 or AMX). There the packed
-    bfloat16 head takes 15 ms for 1 / 4 / 9 rows against 25 / 30 / 35 ms packed float32 (2-core Intel Xeon,
-    ``python benchmarks/costs/low_precision_cost.py``); without it oneDNN emulates bfloat16 and MKL's
+    bfloat16 head took 15.8 / 14.8 / 15.6 ms for 1 / 4 / 9 rows against 27.8 / 30.7 / 35.9 ms packed float32
+    (2-core Intel Xeon, ``python benchmarks/costs/low_precision_cost.py``); without it oneDNN emulates bfloat16 and MKL's
     kernels stay."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 

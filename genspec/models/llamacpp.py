@@ -96,7 +96,7 @@ class LlamaCppLM(CausalLM):
             # Q4_K_M model a k-token block then rounds like k one-token steps more often, at the same cost (4 / 4 / 3
             # greedy flips in 256 positions for 2- / 4- / 8-token blocks against 8 / 11 / 7 repacked; 34.0 against
             # 33.3 ms for 4 tokens, 21.9 against 21.6 for one; ``python benchmarks/costs/llamacpp_verify_cost.py
-            # --threads 2 --repeats 5 [--repack]``), so fewer greedy outputs leave plain decoding's
+            # --threads 2 --repeats 5 [--repack]``), so greedy speculative output leaves plain decoding's less often
             model_params.use_extra_bufts = False
         elif b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
             # llama.cpp's AMX kernels crashed on this project's Xeon VM (segfault in ggml_backend_amx_mul_mat at
