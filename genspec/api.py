@@ -11,6 +11,7 @@ import importlib.util
 import os
 from collections.abc import Mapping
 
+from genspec.calibration import calibrate_engine
 from genspec.checks import integer
 from genspec.drafters.registry import DRAFTERS, build_drafter, check_drafter  # noqa: F401 (genspec.api.DRAFTERS)
 from genspec.embedded import default_gguf_path, default_model_dir
@@ -116,12 +117,15 @@ def model_context(path: str | None = None, backend: "str | Backend" = Backend.AU
 def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: str | None = None,
          dtype: str = "float32", device: str = "cpu", extra_drafters: Mapping[str, Mapping] | None = None,
          max_batch_size: int | None = None, backend: "str | Backend" = Backend.AUTO,
-         **drafter_options) -> SpeculativeEngine:
+         measure_costs: bool | None = None, **drafter_options) -> SpeculativeEngine:
     """A ready :class:`SpeculativeEngine`: target from ``model`` (default: embedded) on ``backend``, drafter
     by name.
 
     ``extra_drafters`` (name -> options) adds drafters a request may pick instead of the default with
-    ``GenerationConfig(drafter=NAME)``; ``max_batch_size`` caps the running batch.
+    ``GenerationConfig(drafter=NAME)``; ``max_batch_size`` caps the running batch. ``measure_costs``: time
+    one row's verify blocks before returning (:func:`genspec.calibration.calibrate_engine`; about a second
+    on llama.cpp); None (default) does so where the target's cost is uneven in the block width (llama.cpp),
+    elsewhere the engine measures its costs as it runs.
     """
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise ConfigError(f"model must be a model directory's path (or None: the embedded model), got {model!r}")
@@ -141,4 +145,7 @@ def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: 
                 options.setdefault("draft_model", draft_model)
     default = build_drafter(drafter, target, **drafter_options)
     others = {name: build_drafter(name, target, **options) for name, options in extra.items() if name != "none"}
-    return SpeculativeEngine(target, default, drafters=others, max_batch_size=max_batch_size)
+    engine = SpeculativeEngine(target, default, drafters=others, max_batch_size=max_batch_size)
+    if measure_costs or (measure_costs is None and target.uneven_verify_cost):
+        calibrate_engine(engine)
+    return engine

@@ -372,7 +372,35 @@ def most_frequent_tokens(counts: Counter, size: int, always: Iterable[int] = ())
 
 
 # ---------------------------------------------------------------- verify costs by block shape
-def measure_verify_costs(target, costs, batches=(1, 2, 4, 8, 16), widths=(1, 2, 3, 5, 9), context: int = 256,
+#: the block widths timed per batch size where a target's cost is smooth in the width (the cost model
+#: interpolates between them)
+GRID_WIDTHS = (1, 2, 3, 5, 9)
+#: where it is not (:attr:`CausalLM.uneven_verify_cost`): every width up to the engine's deepest draft + 1 at one
+#: row, up to this many at more rows (wider blocks of several rows are rare, and learned as the engine runs)
+UNEVEN_BATCH_WIDTHS = 9
+
+
+def calibrate_engine(engine: SpeculativeEngine, batches: Iterable[int] = (1,), deepest: int | None = None,
+                     progress: Progress | None = None) -> None:
+    """Time ``engine``'s target on the block shapes its plans will price, into ``engine.costs``: the grid
+    ``GRID_WIDTHS`` per batch size, or for a target whose cost is uneven in the width every width a draft
+    can fill, ``deepest`` tokens + 1 (default: its drafters' deepest draft; two timings each, the first
+    dropped: llama.cpp's widths 1 to 9 at one row take about a second). ``genspec serve`` calls it for every
+    batch size it may run; :func:`genspec.load` and ``genspec bench`` at one row where the target is uneven
+    (elsewhere the engine measures as it runs)."""
+    if deepest is None:
+        deepest = max((d.capabilities.default_draft_tokens for d in engine.drafters.values()), default=0)
+    target = engine.target
+    for batch in batches:
+        if target.uneven_verify_cost:
+            widths = range(1, (deepest if batch == 1 else min(deepest, UNEVEN_BATCH_WIDTHS - 1)) + 2)
+            measure_verify_costs(target, engine.costs, batches=(batch,), widths=tuple(widths), repeats=1,
+                                 progress=progress)
+        else:
+            measure_verify_costs(target, engine.costs, batches=(batch,), progress=progress)
+
+
+def measure_verify_costs(target, costs, batches=(1, 2, 4, 8, 16), widths=GRID_WIDTHS, context: int = 256,
                          repeats: int = 2, progress: Progress | None = None) -> None:
     """Time the target's pass over blocks of ``batch`` rows x ``width`` tokens after ``context`` tokens
     per row, and record them in ``costs`` (a :class:`genspec.draft_length.CostModel`), so that a batch's

@@ -62,3 +62,30 @@ def test_measure_verify_costs_fills_the_cost_model_and_leaves_the_target_empty(t
         for width in (1, 4):
             assert costs.verify_cost(width, batch) > 0
     assert tiny_target.num_rows == 0 and len(seen) == 2
+
+
+def test_calibrate_engine_times_every_width_of_an_uneven_target_and_the_grid_of_a_smooth_one(tiny_target):
+    """A target whose verify cost is uneven in the block width (llama.cpp) gets every width a draft can fill
+    timed at one row (the drafter's k + 1), and up to ``UNEVEN_BATCH_WIDTHS`` at more rows; a smooth one the
+    grid only (the cost model interpolates between its widths)."""
+    from genspec.calibration import GRID_WIDTHS, UNEVEN_BATCH_WIDTHS, calibrate_engine
+    from genspec.engine import SpeculativeEngine
+
+    drafter = genspec.build_drafter("suffix", tiny_target)  # drafts up to 24 tokens
+    deepest = drafter.capabilities.default_draft_tokens
+    smooth = SpeculativeEngine(tiny_target, drafter)
+    calibrate_engine(smooth, batches=(1, 2))
+    assert set(smooth.costs.verify) == {(b, w) for b in (1, 2) for w in GRID_WIDTHS}
+
+    tiny_target.uneven_verify_cost = True  # this instance only
+    try:
+        uneven = SpeculativeEngine(tiny_target, drafter)
+        calibrate_engine(uneven, batches=(1, 2))
+        assert set(uneven.costs.verify) == ({(1, w) for w in range(1, deepest + 2)}
+                                            | {(2, w) for w in range(1, UNEVEN_BATCH_WIDTHS + 1)})
+        shallow = SpeculativeEngine(tiny_target, drafter)
+        calibrate_engine(shallow, deepest=3)
+        assert set(shallow.costs.verify) == {(1, w) for w in range(1, 5)}
+    finally:
+        del tiny_target.uneven_verify_cost
+    assert tiny_target.num_rows == 0

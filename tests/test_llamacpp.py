@@ -314,6 +314,23 @@ def test_bench_refuses_methods_of_the_other_backend(tiny_gguf, capsys):
     assert "needs --backend llamacpp" in capsys.readouterr().err
 
 
+def test_load_times_every_width_a_draft_can_fill(tiny_gguf):
+    """llama.cpp's verify cost is uneven in the block width, so ``genspec.load`` times one row's blocks of
+    every width prompt lookup's drafts can fill (k = 8: 1 to 9 tokens) before the first request; asked not
+    to, it leaves the costs to be measured as the engine runs. ``genspec serve`` measures more rows."""
+    from genspec.serve.settings import ServerSettings
+    from genspec.serve.worker import load_engine
+
+    path, _, _ = tiny_gguf
+    engine = genspec.load(str(path), drafter="prompt-lookup", max_batch_size=2)
+    assert engine.target.uneven_verify_cost
+    assert set(engine.costs.verify) == {(1, w) for w in range(1, 10)}
+    assert genspec.load(str(path), drafter="prompt-lookup", measure_costs=False).costs.verify == {}
+    served = load_engine(ServerSettings(model=str(path), max_batch_size=2, served_model_name="tiny"))
+    assert set(served.costs.verify) == {(b, w) for b in (1, 2) for w in range(1, 10)}
+    assert served.target.lengths.numel() == 0
+
+
 def test_serve_on_a_gguf_file(tiny_gguf):
     """``genspec serve`` on the llamacpp backend (load_engine as the CLI calls it), over real HTTP on loopback:
     four concurrent greedy completions (rows as llama.cpp sequences in one batch, speculation on) each equal

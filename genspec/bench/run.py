@@ -116,7 +116,7 @@ def execute(s: dict, prompts, console, command: str) -> dict:
     for spec in main_specs + ([s["sweep_method"]] if s["sweep_method"] else []) + sweep_specs:
         if spec.kind == "genspec" and spec.name not in decoders:
             decoders[spec.name] = GenspecDecoder(spec, target, drafter_for(spec) if spec.base != "none" else None,
-                                                 target.tokenizer)
+                                                 target.tokenizer, deepest=s["num_draft_tokens"])
     hf_specs = [m for m in main_specs if m.kind == "hf"]
     if hf_specs:
         with console.status("loading an untouched copy of the model for the transformers baselines"):

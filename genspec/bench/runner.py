@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from genspec.bench.methods import REFERENCES
 from genspec.bench.prompts import BenchPrompt, encode_prompt
+from genspec.calibration import calibrate_engine
 from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.models.base import CausalLM
 
@@ -23,10 +24,12 @@ class GenspecDecoder:
 
     kind = "genspec"
 
-    def __init__(self, spec, target: CausalLM, drafter, tokenizer):
+    def __init__(self, spec, target: CausalLM, drafter, tokenizer, deepest: int | None = None):
         self.spec = spec
         self.name = spec.name
         self.engine = SpeculativeEngine(target, drafter, tokenizer)
+        if target.uneven_verify_cost:  # as genspec.load does: the widths this method's drafts can fill, timed
+            calibrate_engine(self.engine, deepest=spec.config_overrides.get("num_draft_tokens", deepest))
 
     @property
     def settings(self) -> dict:

@@ -16,6 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import genspec
+from genspec.calibration import calibrate_engine
 from genspec.cli.options import add_options
 from genspec.drafters.registry import check_drafter
 from genspec.engine import NO_DRAFTER, GenerationConfig, SpeculativeEngine
@@ -128,6 +129,8 @@ def run_demo(args) -> int:
         drafter = genspec.build_drafter(args.drafter, target, **options)
     plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter)
     k = args.num_draft_tokens or drafter.capabilities.default_draft_tokens
+    if target.uneven_verify_cost:  # as genspec.load does
+        calibrate_engine(spec, deepest=k)
     for engine in (plain, spec):  # warm-up (first-call allocations), not timed
         engine.generate("Hello", max_new_tokens=2)
     with Progress(console=console, transient=True) as progress:

@@ -53,6 +53,11 @@ class CausalLM(ABC):
     #: the model's kernels round a k-token block measurably differently from one token (llama.cpp's quantised
     #: ones), and a near-tie can flip a greedy token
     batch_invariant: bool = True
+    #: a verify block's cost is not smooth in its width, so interpolating between a few measured widths misprices
+    #: the others (llama.cpp's CPU kernels take 4 tokens at a time): engines made by :func:`genspec.load`,
+    #: ``genspec bench`` and ``genspec serve`` then time every width a draft can fill at start
+    #: (:func:`genspec.calibration.calibrate_engine`)
+    uneven_verify_cost: bool = False
     #: the most rows the model can hold at once (a fixed number of KV sequences), or None if unbounded;
     #: the engine caps its running batch by it
     max_rows: int | None = None

@@ -80,6 +80,10 @@ class LlamaCppLM(CausalLM):
     # the batch): on the embedded Q4_K_M model 4 of 256 greedy tokens flipped between 4-token blocks and one-token
     # steps, logits differing by up to 1.7 (benchmarks/costs/llamacpp_verify_cost.py)
     batch_invariant = False
+    # a block's cost climbs in steps of 4 tokens, in the output layer (with logits at the last position only it is
+    # smooth): 34.0 ms for 4 tokens, 50.0 for 5, 52.0 for 8, 62.0 for 12 on the embedded model with 2 threads
+    # (benchmarks/results/costs/llamacpp_verify_cost.txt), so no width can be priced between two measured ones
+    uneven_verify_cost = True
 
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
                  threads: int | None = None, device: str = "cpu", repack: bool = False):
