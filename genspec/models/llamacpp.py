@@ -81,8 +81,9 @@ class LlamaCppLM(CausalLM):
     # steps, logits differing by up to 1.7 (benchmarks/costs/llamacpp_verify_cost.py)
     batch_invariant = False
     # a block's cost climbs in steps of 4 tokens, in the output layer (with logits at the last position only it is
-    # smooth): 34.0 ms for 4 tokens, 50.0 for 5, 52.0 for 8, 62.0 for 12 on the embedded model with 2 threads
-    # (benchmarks/results/costs/llamacpp_verify_cost.txt), so no width can be priced between two measured ones
+    # smooth): 34.0 ms for 4 tokens, 50.0 for 5, 52.0 for 8, 62.0 for 12 on the embedded model
+    # (``python benchmarks/costs/llamacpp_verify_cost.py --threads 2 --repeats 5``), so no width can be priced
+    # between two measured ones
     uneven_verify_cost = True
 
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
