@@ -35,7 +35,7 @@ Jacobi step that never sees the target's predictions).
 
 Whether the window pays: on the embedded Gemma 3 270M (greedy, 2-core Intel Xeon, 13 categories x 2 prompts,
 128 tokens, 2 repeats) not yet: 2.20x plain with the window against 2.24x for the pool alone and 2.74x for
-``prompt-lookup`` (``genspec bench --backend torch --methods "prompt-lookup,lookahead:window=0,lookahead"
+``prompt-lookup`` (2.31x, 2.31x and 2.80x in a later run of the same command) (``genspec bench --backend torch --methods "prompt-lookup,lookahead:window=0,lookahead"
 --num-prompts 2 --max-new-tokens 128 --repeats 2``; drafted beside the pool's chain instead of in a free slot it
 ran at 2.05x). ``docs/drafters/lookup.md`` has the figures.
 """
