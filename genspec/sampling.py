@@ -140,11 +140,17 @@ def _softmax_in_sorted_nucleus(scores: torch.Tensor, limit: list[float]) -> torc
     ranked, order = scores.sort(dim=-1, descending=True, stable=True)
     shares = (ranked - ranked[:, :1]).exp()
     held = (shares / shares.sum(-1, keepdim=True)).cumsum(-1)
-    # the mass ranked above each token, as in _row_nucleus; a row with top_p 1 drops nothing
     bound = torch.tensor([p if p < 1.0 else math.inf for p in limit], dtype=held.dtype, device=held.device)
-    drop = torch.nn.functional.pad(held[:, :-1], (1, 0)) >= bound.unsqueeze(-1)
+    drop = ~_in_nucleus(held, bound.unsqueeze(-1))  # a row with top_p 1 drops nothing
     dropped = torch.zeros_like(drop).scatter_(-1, order, drop)
     return scores.masked_fill(dropped, -math.inf).softmax(-1)
+
+
+def _in_nucleus(held: torch.Tensor, limit) -> torch.Tensor:
+    """Which ranked tokens top-p keeps, from ``held`` ``[..., n]``, the running total of the ranked tokens' mass:
+    those the tokens ranked above hold less than ``limit`` of (the total shifted by one: exact where a prefix holds
+    exactly top_p, which "total minus self" rounds either way). A prefix of the ranking, the top token always in."""
+    return torch.nn.functional.pad(held[..., :-1], (1, 0)) < limit
 
 
 def _at_least(scores: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -165,13 +171,11 @@ def _row_nucleus(scores: torch.Tensor, limit: float) -> tuple[torch.Tensor, torc
     while True:  # the tokens at least ``share`` as likely as the top one: score >= top score + log(share)
         index = _at_least(scores, float(shift) + math.log(share)) if share else torch.arange(len(scores))
         ranked, order = scores[index].sort(descending=True, stable=True)
-        # the mass ranked above each token, as a running total shifted by one: exact where a prefix holds
-        # exactly top_p ("total minus self" rounds either way there)
         held = ((ranked - shift).exp() / total).cumsum(0)
         if not share or bool(held[-1] >= limit):
             break
         share = share * share if share > 1e-30 else 0.0
-    kept = int((torch.nn.functional.pad(held[:-1], (1, 0)) < limit).sum())  # a prefix of the ranking
+    kept = int(_in_nucleus(held, limit).sum())
     return index[order[:kept]].to(scores.device), ranked[:kept].softmax(0)
 
 
