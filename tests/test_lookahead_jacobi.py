@@ -32,9 +32,11 @@ def _occurs(text: list[int], gram: list[int]) -> bool:
 # ------------------------------------------------------------------------------- the window and the pool
 def test_jacobi_window_adds_ngrams_the_text_has_not_shown():
     """The target's predictions over the window (after 6 it says 10, after 7 11, after 8 12) become pool
-    n-grams; two steps later the pool drafts ``7, 11`` after 6 although the text only ever had ``6, 7, 8``. The
-    pool alone, on the same text, can only draft what the text showed. The window takes a candidate slot the
-    pool leaves free: the only one where the pool has nothing, the third of three beside two pool chains."""
+    n-grams; two steps later the pool offers ``7, 11`` after 6 although the text only ever had ``6, 7, 8``,
+    after the text's own n-gram (the text's tier first), and after 10, where the text has none, ``11, 14``
+    alone, graded "guessed". The pool alone, on the same text, can only draft what the text showed. The
+    window takes a candidate slot the pool leaves free: the only one where the pool has nothing, the third
+    of three beside two pool chains."""
     text = [5, 6, 7, 8]
     jacobi, pool_only = LookaheadDrafter(ngram_size=3, window=3), LookaheadDrafter(ngram_size=3, window=0)
     wide = LookaheadDrafter(ngram_size=3, window=3, num_candidates=3)
@@ -48,11 +50,33 @@ def test_jacobi_window_adds_ngrams_the_text_has_not_shown():
         # 9 was committed: the window is the target's later predictions, refreshed (a Jacobi iteration)
         assert _propose(drafter, text + [9], 3) == ([[10, 11, 12]], "jacobi")
         drafter.read_predictions([BlockPredictions(0, 5, ((10, 11, 12),), ((6, 13, 14, 15),))])
-    assert not _occurs(later, [6, 7, 11])
-    assert _propose(jacobi, later, 2) == ([[7, 11]], "pool")  # the pool's n-gram fills the one slot
-    # beside the pool's two chains, the window: the predictions after the committed 6
-    assert _propose(wide, later, 2) == ([[7, 11], [7, 8], [13, 14]], "pool")
+    assert not _occurs(later, [6, 7, 11]) and not _occurs(later, [10, 11, 14])
+    assert _propose(jacobi, later, 2) == ([[7, 8]], "pool")  # the text's n-gram fills the one slot
+    # beside the pool's two chains (the text's, then the guessed one), the window: the predictions after 6
+    assert _propose(wide, later, 2) == ([[7, 8], [7, 11], [13, 14]], "pool")
     assert _propose(pool_only, later, 2) == ([[7, 8]], None)
+    assert _propose(LookaheadDrafter(ngram_size=3, window=0), later, 2) == ([[7, 8]], None)
+    fresh = LookaheadDrafter(ngram_size=3, window=3)
+    fresh.start([RequestContext(0, list(text))])
+    _propose(fresh, text, 3)
+    fresh.read_predictions([BlockPredictions(0, 4, ((6, 7, 8),), ((9, 10, 11, 12),))])
+    _propose(fresh, text + [9], 3)
+    fresh.read_predictions([BlockPredictions(0, 5, ((10, 11, 12),), ((6, 13, 14, 15),))])
+    assert _propose(fresh, text + [9, 10], 2) == ([[11, 14]], "guessed")  # the text never showed 10
+
+
+def test_a_guess_that_survives_an_iteration_is_graded_settled():
+    """The evidence of a window draft says whether its first guess is the one drafted for that position a
+    step before (Jacobi decoding's sign of convergence), so the draft-length policy prices the two apart."""
+    drafter = LookaheadDrafter(ngram_size=2, window=3)
+    drafter.start([RequestContext(0, [3, 4, 5])])
+    assert _propose(drafter, [3, 4, 5], 3) == ([[3, 4, 5]], "jacobi")
+    # 6 committed; the target said 4 after 3 (the guess for position 4 was 4): unchanged, settled
+    drafter.read_predictions([BlockPredictions(0, 3, ((3, 4, 5),), ((6, 4, 8, 9),))])
+    assert _propose(drafter, [3, 4, 5, 6], 3) == ([[4, 8, 9]], "jacobi-settled")
+    # 7 committed; the target now says 1 after 4 where the guess for position 5 was 8: not settled
+    drafter.read_predictions([BlockPredictions(0, 4, ((4, 8, 9),), ((7, 1, 2, 3),))])
+    assert _propose(drafter, [3, 4, 5, 6, 7], 3) == ([[1, 2, 3]], "jacobi")
 
 
 def test_guesses_the_plan_cut_off_keep_their_place():

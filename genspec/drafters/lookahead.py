@@ -5,8 +5,10 @@ tokens that the target re-predicts in parallel (Jacobi iterations), whose trajec
 text has not shown; and a *verification branch*, the pool's n-grams that start with the last token. Here
 both are candidates of one draft, verified in one target pass:
 
-- the pool: ``pool[t]`` holds the ``pool_size`` most recent distinct (N-1)-grams that followed token t, fed
-  by every committed token (prompt and output) and by the window's predictions;
+- the pool: ``pool[t]`` holds the ``pool_size`` most recent distinct (N-1)-grams that followed token t in the
+  text (prompt and output), and as many more made by the window's predictions, offered after the text's (a
+  predicted n-gram is a guess about a context the text may never reach; ranked first, they displaced the
+  text's n-grams as the one candidate drafted);
 - the verification branch: up to ``num_candidates`` pool n-grams starting with the last token (most recent
   first, each chained through the pool up to the draft length);
 - the lookahead branch (``window`` W > 0): W guesses ``g_1..g_W`` of the tokens after the last one, drafted
@@ -26,8 +28,13 @@ both are candidates of one draft, verified in one target pass:
   empty one (the first step, or after the target accepted all of it) starts from the sequence's last W
   tokens, as the paper starts from prompt tokens.
 
-Evidence (per row, for the draft-length policy): ``"pool"`` where a pool n-gram starts the draft,
-``"jacobi"`` where only the window does (None with ``window=0``). Drafts are deterministic (``probs`` None),
+Evidence (per row, for the draft-length policy): ``"pool"`` where an n-gram the text showed starts the draft,
+``"guessed"`` where one only the target's predictions made does, and where only the window does,
+``"jacobi-settled"`` when its first guess is the one drafted for that position a step before (it survived a
+Jacobi iteration unchanged, Jacobi decoding's sign of convergence), else ``"jacobi"`` (None with
+``window=0``). The two window grades differ: on held-out prompts settled windows kept 0.57 tokens a step, the
+others 0.19 (``python benchmarks/acceptance/lookahead_evidence.py``), so the policy drafts the first and
+mostly not the second. Drafts are deterministic (``probs`` None),
 and for a sampled request the window is a point-mass candidate like the others, so it is lossless either
 way. With ``window=0`` (the pool only), after a rejection the rest of the rejected draft is kept as the
 guess for the positions after the correction and verified as the last of ``num_candidates`` chains (a
@@ -54,36 +61,52 @@ DEFAULT_WINDOW = 4
 
 
 class _Pool:
-    """Per row: token -> most recent distinct (N-1)-grams that followed it (an LRU of ``size``)."""
+    """Per row: token -> most recent distinct (N-1)-grams that followed it (an LRU of ``size``), in two tiers:
+    those the text showed, and those only the target's predictions made (the window's), offered after them."""
 
     def __init__(self, ngram_size: int, size: int):
         self.ngram_size, self.size = ngram_size, size
         self.tokens: list[int] = []
         self.grams: dict[int, OrderedDict] = {}
+        self.guessed: dict[int, OrderedDict] = {}
 
     def sync(self, sequence: list[int]) -> None:
         """Add the n-grams completed by the tokens appended since the last call (a changed tail
         restarts the pool from scratch: rare, only inside hierarchical stacks)."""
         if common_prefix_length(self.tokens, sequence) < len(self.tokens):
-            self.tokens, self.grams = [], {}
+            self.tokens, self.grams, self.guessed = [], {}, {}
         n, start = self.ngram_size, len(self.tokens)
         self.tokens.extend(sequence[start:])
         for end in range(max(start, n - 1), len(self.tokens)):
             self.add(self.tokens[end - n + 1], tuple(self.tokens[end - n + 2:end + 1]))
 
-    def add(self, key: int, gram: tuple[int, ...]) -> None:
-        grams = self.grams.setdefault(key, OrderedDict())
+    def add(self, key: int, gram: tuple[int, ...], guessed: bool = False) -> None:
+        """Record ``gram`` after ``key``: shown by the text, or (``guessed``) predicted by the target after
+        guesses; a guessed n-gram the text already showed stays in the text's tier."""
+        if guessed and gram in self.grams.get(key, ()):
+            return
+        tier = self.guessed if guessed else self.grams
+        grams = tier.setdefault(key, OrderedDict())
         grams[gram] = None
         grams.move_to_end(gram)
         if len(grams) > self.size:
             grams.popitem(last=False)
+        if not guessed:
+            self.guessed.get(key, {}).pop(gram, None)
 
     def candidates(self, key: int, num: int) -> list[tuple[int, ...]]:
-        grams = self.grams.get(key)
-        return list(reversed(grams))[:num] if grams else []
+        """Up to ``num`` n-grams after ``key``: the text's, most recent first, then the guessed ones."""
+        found = list(reversed(self.grams.get(key, ())))[:num]
+        if len(found) < num:
+            found += list(reversed(self.guessed.get(key, ())))[:num - len(found)]
+        return found
+
+    def shown(self, key: int, gram: tuple[int, ...]) -> bool:
+        """Did the text show ``gram`` after ``key`` (not only the target's predictions)?"""
+        return gram in self.grams.get(key, ())
 
     def chain(self, gram: tuple[int, ...], limit: int) -> list[int]:
-        """``gram`` extended through the pool (most recent n-gram of its last token) to ``limit``."""
+        """``gram`` extended through the pool (the first candidate after its last token) to ``limit``."""
         chain = list(gram[:limit])
         while len(chain) < limit:
             following = self.candidates(chain[-1], 1)
@@ -101,8 +124,14 @@ class _Row:
         self.last: tuple[int, list[list[int]]] = (0, [])
         #: the window's guesses: (the sequence index of the first, the guesses in order)
         self.window: tuple[int, list[int]] = (0, [])
+        #: how many of those guesses are the target's predictions of the last step (the rest were kept)
+        self.refreshed = 0
         #: the window last drafted (the sequence length then, its guesses), until the target's predictions come
         self.proposed: tuple[int, list[int]] | None = None
+        #: the window's guesses a step before (the sequence length then, the guesses), and whether the next
+        #: guess is the one made for its position then: it survived a Jacobi iteration unchanged
+        self.before: tuple[int, list[int]] = (0, [])
+        self.settled = False
         #: False once a drafted window got no predictions back (proposed for outside the engine's step)
         self.jacobi = True
 
@@ -133,11 +162,13 @@ class LookaheadDrafter(CandidateDrafter):
 
     def candidates(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[list[int]], str | None]:
         row.pool.sync(sequence)
-        chains = [row.pool.chain(gram, limit) for gram in row.pool.candidates(sequence[-1], self.pool_candidates)]
+        grams = row.pool.candidates(sequence[-1], self.pool_candidates)
+        chains = [row.pool.chain(gram, limit) for gram in grams]
         evidence = None
         if self.window:
             guess = self._window(row, sequence)[:limit]
-            evidence = "pool" if chains else "jacobi" if guess else None
+            evidence = (("pool" if row.pool.shown(sequence[-1], grams[0]) else "guessed") if chains
+                        else ("jacobi-settled" if row.settled else "jacobi") if guess else None)
             if guess and len(chains) < self.pool_candidates and guess not in chains:
                 chains.append(guess)  # in a slot the pool leaves free (module docstring)
         elif self.pool_candidates > 1:
@@ -165,7 +196,7 @@ class LookaheadDrafter(CandidateDrafter):
             guesses = predicted  # position start + d: the target's token after the chain's first d
             if chain == proposed[:len(chain)]:
                 guesses = guesses + proposed[len(chain) + 1:]  # guesses the plan cut off keep their place
-            row.window = (block.start, guesses)
+            row.window, row.refreshed = (block.start, guesses), len(predicted)
             self._learn(row, block.start, chain, predicted)
 
     def _learn(self, row: _Row, start: int, chain: list[int], predicted: list[int]) -> None:
@@ -177,7 +208,7 @@ class LookaheadDrafter(CandidateDrafter):
         for i in range(1, len(chain) + 1):
             end = len(before) + i  # where prediction i would sit in ``context``
             if end >= n - 1:
-                row.pool.add(context[end - n + 1], tuple(context[end - n + 2:end]) + (predicted[i],))
+                row.pool.add(context[end - n + 1], tuple(context[end - n + 2:end]) + (predicted[i],), guessed=True)
 
     def _window(self, row: _Row, sequence: list[int]) -> list[int]:
         """The window's W guesses for the positions after ``sequence``: those not yet committed, extended
@@ -194,7 +225,12 @@ class LookaheadDrafter(CandidateDrafter):
         else:
             following = row.pool.candidates(sequence[-1], 1)
             guesses = row.pool.chain(following[0], self.window) if following else sequence[-self.window:]
-        row.proposed = (length, guesses)
+        # settled: the first guess is a prediction of the last step, equal to the guess drafted a step before
+        predicted = start <= length < start + row.refreshed
+        start, before = row.before
+        row.settled = (bool(guesses) and predicted and 0 <= length - start < len(before)
+                       and before[length - start] == guesses[0])
+        row.before = row.proposed = (length, guesses)
         return guesses
 
     @staticmethod
