@@ -30,11 +30,11 @@ both are candidates of one draft, verified in one target pass:
 
 Evidence (per row, for the draft-length policy): ``"pool"`` where an n-gram the text showed starts the draft,
 ``"guessed"`` where one only the target's predictions made does, and where only the window does,
-``"jacobi-settled"`` when its first guess is the one drafted for that position a step before (it survived a
-Jacobi iteration unchanged, Jacobi decoding's sign of convergence), else ``"jacobi"`` (None with
-``window=0``). The two window grades differ: on held-out prompts settled windows kept 0.57 tokens a step, the
-others 0.19 (``python benchmarks/acceptance/lookahead_evidence.py``), so the policy drafts the first and
-mostly not the second. Drafts are deterministic (``probs`` None),
+``"jacobi-settled"`` when its first guess is the target's prediction for that position and the one drafted there a
+step before (it survived a Jacobi iteration unchanged, Jacobi decoding's sign of convergence), else ``"jacobi"`` (None with
+``window=0``). The two window grades differ: on held-out prompts settled windows kept 0.91 tokens a step, the
+others 0.15 (``python benchmarks/acceptance/lookahead_evidence.py --skip-prompts 2 --num-prompts 2``), so the
+policy drafts the first deep and mostly declines the second. Drafts are deterministic (``probs`` None),
 and for a sampled request the window is a point-mass candidate like the others, so it is lossless either
 way. With ``window=0`` (the pool only), after a rejection the rest of the rejected draft is kept as the
 guess for the positions after the correction and verified as the last of ``num_candidates`` chains (a
@@ -42,7 +42,7 @@ Jacobi step that never sees the target's predictions).
 
 Whether the window pays: on the embedded Gemma 3 270M (greedy, 2-core Intel Xeon, 13 categories x 2 prompts,
 128 tokens, 2 repeats) not yet: 2.20x plain with the window against 2.24x for the pool alone and 2.74x for
-``prompt-lookup`` (2.31x, 2.31x and 2.80x in a later run of the same command) (``genspec bench --backend torch --methods "prompt-lookup,lookahead:window=0,lookahead"
+``prompt-lookup`` (2.31x, 2.31x and 2.80x in a later run of the same command; 2.32x, 2.32x and 2.80x with the grades above) (``genspec bench --backend torch --methods "prompt-lookup,lookahead:window=0,lookahead"
 --num-prompts 2 --max-new-tokens 128 --repeats 2``; drafted beside the pool's chain instead of in a free slot it
 ran at 2.05x). ``docs/drafters/lookup.md`` has the figures.
 """
