@@ -128,9 +128,10 @@ class _Row:
         self.refreshed = 0
         #: the window last drafted (the sequence length then, its guesses), until the target's predictions come
         self.proposed: tuple[int, list[int]] | None = None
-        #: the window's guesses a step before (the sequence length then, the guesses), and whether the next
-        #: guess is the one made for its position then: it survived a Jacobi iteration unchanged
-        self.before: tuple[int, list[int]] = (0, [])
+        #: the window's guesses a step before (the sequence length then, the guesses)
+        self.previous: tuple[int, list[int]] = (0, [])
+        #: whether the window's next guess is a prediction equal to the previous guess for its position (it
+        #: survived a Jacobi iteration unchanged)
         self.settled = False
         #: False once a drafted window got no predictions back (proposed for outside the engine's step)
         self.jacobi = True
@@ -227,10 +228,10 @@ class LookaheadDrafter(CandidateDrafter):
             guesses = row.pool.chain(following[0], self.window) if following else sequence[-self.window:]
         # settled: the first guess is a prediction of the last step, equal to the guess drafted a step before
         predicted = start <= length < start + row.refreshed
-        start, before = row.before
-        row.settled = (bool(guesses) and predicted and 0 <= length - start < len(before)
-                       and before[length - start] == guesses[0])
-        row.before = row.proposed = (length, guesses)
+        start, previous = row.previous
+        row.settled = (bool(guesses) and predicted and 0 <= length - start < len(previous)
+                       and previous[length - start] == guesses[0])
+        row.previous = row.proposed = (length, guesses)
         return guesses
 
     @staticmethod
