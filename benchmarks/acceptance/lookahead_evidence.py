@@ -1,6 +1,6 @@
 """What lookahead's drafts achieve by the evidence behind them (the grades the draft-length policy prices
-apart): per grade, the steps, tokens drafted and kept per step, the verify block's width and the target's
-time per step, for the pool alone (``window=0``) and with the Jacobi window.
+apart): per grade, the steps, tokens drafted and kept per step, how often the first drafted token was kept,
+the verify block's width and the target's time per step, for the pool alone (``window=0``) and with the Jacobi window.
 
     python benchmarks/acceptance/lookahead_evidence.py --skip-prompts 2 --num-prompts 1 --max-new-tokens 128
 
@@ -33,7 +33,7 @@ def main() -> None:
     for window in (int(w) for w in args.windows.split(",")):
         engine = genspec.SpeculativeEngine(target, genspec.build_drafter("lookahead", target, window=window),
                                            target.tokenizer)
-        grades = collections.defaultdict(lambda: [0, 0, 0, 0, 0.0])
+        grades = collections.defaultdict(lambda: [0, 0, 0, 0, 0.0, 0, 0])
         calls = tokens = 0
         seconds = 0.0
         for prompt in prompts:
@@ -51,13 +51,17 @@ def main() -> None:
                 grade[2] += step.accepted
                 grade[3] += record.block_width
                 grade[4] += record.target_time_s
+                grade[5] += step.drafted > 0
+                grade[6] += step.accepted > 0
                 calls += 1
                 tokens += len(step.new_tokens)
         print(f"\nwindow={window}: {calls} target calls, {tokens} tokens, {tokens / calls:.2f} tokens a call, "
               f"{tokens / seconds:.1f} tok/s")
-        print("evidence          steps  drafted/step  kept/step  width  target ms/step")
-        for evidence, (steps, drafted, kept, width, spent) in sorted(grades.items(), key=lambda g: str(g[0])):
-            print(f"{str(evidence):16s} {steps:6d}  {drafted / steps:12.2f}  {kept / steps:9.2f}  "
+        print("evidence          steps  drafted/step  kept/step  first kept  width  target ms/step")
+        for evidence, (steps, drafted, kept, width, spent, tried, first) in sorted(grades.items(),
+                                                                                  key=lambda g: str(g[0])):
+            share = f"{first / tried:10.2f}" if tried else f"{'-':>10s}"
+            print(f"{str(evidence):16s} {steps:6d}  {drafted / steps:12.2f}  {kept / steps:9.2f}  {share}  "
                   f"{width / steps:5.2f}  {1000 * spent / steps:14.1f}")
 
 

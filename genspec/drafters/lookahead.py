@@ -28,12 +28,12 @@ both are candidates of one draft, verified in one target pass:
   empty one (the first step, or after the target accepted all of it) starts from the sequence's last W
   tokens, as the paper starts from prompt tokens.
 
-Evidence (per row, for the draft-length policy): ``"pool"`` where an n-gram the text showed starts the draft,
-``"guessed"`` where one only the target's predictions made does, and where only the window does,
-``"jacobi-settled"`` when its first guess is the target's prediction for that position and the one drafted there a
-step before (it survived a Jacobi iteration unchanged, Jacobi decoding's sign of convergence), else ``"jacobi"`` (None with
-``window=0``). The two window grades differ: on held-out prompts settled windows kept 0.91 tokens a step, the
-others 0.15 (``python benchmarks/acceptance/lookahead_evidence.py --skip-prompts 2 --num-prompts 2``), so the
+Evidence (per row, for the draft-length policy; :class:`Evidence`): ``pool`` where an n-gram the text showed
+starts the draft, ``guessed`` where one only the target's predictions made does, and where only the window does,
+``jacobi-settled`` when its first guess is the target's prediction for that position and the one drafted there a
+step before (it survived a Jacobi iteration unchanged, Jacobi decoding's sign of convergence), else ``jacobi``
+(None with ``window=0``). The two window grades differ: on held-out prompts settled windows kept 0.96 tokens a step, the
+others 0.16 (``python benchmarks/acceptance/lookahead_evidence.py --skip-prompts 2 --num-prompts 2``), so the
 policy drafts the first deep and mostly declines the second. Drafts are deterministic (``probs`` None),
 and for a sampled request the window is a point-mass candidate like the others, so it is lossless either
 way. With ``window=0`` (the pool only), after a rejection the rest of the rejected draft is kept as the
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import replace
+from enum import StrEnum
 
 from genspec.checks import integer
 from genspec.drafters.base import BlockPredictions, RequestContext
@@ -58,6 +59,15 @@ from genspec.drafters.ngrams import common_prefix_length
 
 #: guessed positions in the Jacobi window by default
 DEFAULT_WINDOW = 4
+
+
+class Evidence(StrEnum):
+    """What backs a lookahead draft (module docstring): the grades the draft-length policy prices apart."""
+
+    POOL = "pool"
+    GUESSED = "guessed"
+    JACOBI = "jacobi"
+    JACOBI_SETTLED = "jacobi-settled"
 
 
 class _Pool:
@@ -161,15 +171,14 @@ class LookaheadDrafter(CandidateDrafter):
     def new_row(self, context: RequestContext) -> _Row:
         return _Row(self.ngram_size, self.pool_size)
 
-    def candidates(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[list[int]], str | None]:
+    def candidates(self, row: _Row, sequence: list[int], limit: int) -> tuple[list[list[int]], Evidence | None]:
         row.pool.sync(sequence)
         grams = row.pool.candidates(sequence[-1], self.pool_candidates)
         chains = [row.pool.chain(gram, limit) for gram in grams]
         evidence = None
         if self.window:
             guess = self._window(row, sequence)[:limit]
-            evidence = (("pool" if row.pool.shown(sequence[-1], grams[0]) else "guessed") if chains
-                        else ("jacobi-settled" if row.settled else "jacobi") if guess else None)
+            evidence = self._evidence(row, sequence[-1], grams, chains, guess)
             if guess and len(chains) < self.pool_candidates and guess not in chains:
                 chains.append(guess)  # in a slot the pool leaves free (module docstring)
         elif self.pool_candidates > 1:
@@ -178,6 +187,16 @@ class LookaheadDrafter(CandidateDrafter):
                 chains = chains[:self.pool_candidates - 1] + [guess]
         row.last = (len(sequence), chains)
         return chains, evidence
+
+    @staticmethod
+    def _evidence(row: _Row, last: int, grams: list[tuple[int, ...]], chains: list[list[int]],
+                  guess: list[int]) -> Evidence | None:
+        """What backs the draft: the pool's first n-gram (shown or only predicted), else the window."""
+        if chains:
+            return Evidence.POOL if row.pool.shown(last, grams[0]) else Evidence.GUESSED
+        if guess:
+            return Evidence.JACOBI_SETTLED if row.settled else Evidence.JACOBI
+        return None
 
     def read_predictions(self, predictions: list[BlockPredictions]) -> None:
         """Refresh each row's window from the target's predictions along the chain it drafted (a Jacobi
