@@ -7,8 +7,8 @@ both are candidates of one draft, verified in one target pass:
 
 - the pool: ``pool[t]`` holds the ``pool_size`` most recent distinct (N-1)-grams that followed token t in the
   text (prompt and output), and as many more made by the window's predictions, offered after the text's (a
-  predicted n-gram is a guess about a context the text may never reach; ranked first, they displaced the
-  text's n-grams as the one candidate drafted);
+  predicted n-gram is a guess about a context the text may never reach; ranked by recency with the text's, it
+  would displace them as the one candidate drafted);
 - the verification branch: up to ``num_candidates`` pool n-grams starting with the last token (most recent
   first, each chained through the pool up to the draft length);
 - the lookahead branch (``window`` W > 0): W guesses ``g_1..g_W`` of the tokens after the last one, drafted
@@ -41,10 +41,9 @@ guess for the positions after the correction and verified as the last of ``num_c
 Jacobi step that never sees the target's predictions).
 
 Whether the window pays: on the embedded Gemma 3 270M (greedy, 2-core Intel Xeon, 13 categories x 2 prompts,
-128 tokens, 2 repeats) not yet: 2.20x plain with the window against 2.24x for the pool alone and 2.74x for
-``prompt-lookup`` (2.31x, 2.31x and 2.80x in a later run of the same command; 2.32x, 2.32x and 2.80x with the grades above) (``genspec bench --backend torch --methods "prompt-lookup,lookahead:window=0,lookahead"
---num-prompts 2 --max-new-tokens 128 --repeats 2``; drafted beside the pool's chain instead of in a free slot it
-ran at 2.05x). ``docs/drafters/lookup.md`` has the figures.
+128 tokens, 2 repeats) not yet: 2.32x plain with the window, 2.32x for the pool alone, 2.80x for
+``prompt-lookup`` (``genspec bench --backend torch --methods "prompt-lookup,lookahead:window=0,lookahead"
+--num-prompts 2 --max-new-tokens 128 --repeats 2``). ``docs/drafters/lookup.md`` has the figures and why.
 """
 from __future__ import annotations
 
@@ -93,7 +92,7 @@ class _Pool:
     def add(self, key: int, gram: tuple[int, ...], guessed: bool = False) -> None:
         """Record ``gram`` after ``key``: shown by the text, or (``guessed``) predicted by the target after
         guesses; a guessed n-gram the text already showed stays in the text's tier."""
-        if guessed and gram in self.grams.get(key, ()):
+        if guessed and self.shown(key, gram):
             return
         tier = self.guessed if guessed else self.grams
         grams = tier.setdefault(key, OrderedDict())
@@ -247,9 +246,9 @@ class LookaheadDrafter(CandidateDrafter):
             guesses = row.pool.chain(following[0], self.window) if following else sequence[-self.window:]
         # settled: the first guess is a prediction of the last step, equal to the guess drafted a step before
         predicted = start <= length < start + row.refreshed
-        start, previous = row.previous
-        row.settled = (bool(guesses) and predicted and 0 <= length - start < len(previous)
-                       and previous[length - start] == guesses[0])
+        before, previous = row.previous
+        row.settled = (bool(guesses) and predicted and 0 <= length - before < len(previous)
+                       and previous[length - before] == guesses[0])
         row.previous = row.proposed = (length, guesses)
         return guesses
 
