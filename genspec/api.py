@@ -17,6 +17,7 @@ from genspec.drafters.registry import DRAFTERS, build_drafter, check_drafter  # 
 from genspec.embedded import default_gguf_path, default_model_dir
 from genspec.engine import SpeculativeEngine
 from genspec.errors import ConfigError, InputFileError
+from genspec.models import gguf_file
 from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM, parse_device, parse_dtype
 from genspec.models.llamacpp import DEFAULT_CONTEXT, LlamaCppLM, gguf_context
@@ -42,7 +43,8 @@ def check_dtype(path: str | None, dtype: str) -> None:
 class Backend(str, enum.Enum):
     """What runs the target model: ``torch`` (Hugging Face transformers: any local model directory, every
     drafter, GPUs), ``llamacpp`` (llama.cpp on a GGUF file: the fastest on a CPU; drafters that read the
-    target's hidden states or reuse its weights need torch), or ``auto``: llamacpp for a ``.gguf`` path and
+    target's hidden states or reuse its weights need torch), or ``auto``: llamacpp for a GGUF file (by its
+    magic bytes, or a ``.gguf`` extension in any case: :func:`genspec.models.gguf_file.is_gguf`) and
     for the embedded model when llama-cpp-python is installed, torch otherwise."""
 
     AUTO = "auto"
@@ -61,7 +63,7 @@ def resolve_backend(path: str | None, backend: "str | Backend" = Backend.AUTO, d
     """The backend that will run the model at ``path`` (None: the embedded one), ``auto`` resolved (a dtype
     other than float32 is the torch backend's: a GGUF file keeps its own quantisation)."""
     backend = Backend.parse(backend)
-    is_gguf = path is not None and str(path).endswith(".gguf")
+    is_gguf = gguf_file.is_gguf(path)  # by its magic bytes, or by its extension in any case
     if backend is Backend.AUTO:
         if is_gguf:
             return Backend.LLAMACPP
@@ -114,6 +116,28 @@ def model_context(path: str | None = None, backend: "str | Backend" = Backend.AU
     return HFCausalLM.context_of(path)
 
 
+def check_drafters(drafter: str, draft_model: str | None = None, drafter_options: Mapping | None = None,
+                   extra_drafters: Mapping[str, Mapping] | None = None) -> tuple[dict, dict[str, dict]]:
+    """The options an engine's drafters are built with, checked without loading anything (:func:`check_drafter`):
+    those of the default ``drafter`` and of each of ``extra_drafters`` (name -> options), ``draft_model`` given to
+    the default drafter (but ``none``) and to an extra ``draft-model`` or ``hierarchical``. What :func:`load`
+    builds; a server checks its settings with it before it starts."""
+    extra_drafters = {} if extra_drafters is None else extra_drafters
+    if not (isinstance(extra_drafters, Mapping) and all(isinstance(o, Mapping) for o in extra_drafters.values())):
+        raise ConfigError(f"extra_drafters must map drafter names to option mappings, got {extra_drafters!r}")
+    default = dict(drafter_options or {})
+    extra = {name: dict(options) for name, options in extra_drafters.items()}
+    if draft_model is not None:
+        if drafter != "none":
+            default["draft_model"] = draft_model
+        for name, options in extra.items():
+            if name in ("draft-model", "hierarchical"):
+                options.setdefault("draft_model", draft_model)
+    for name, options in [(drafter, default), *extra.items()]:
+        check_drafter(name, options)
+    return default, extra
+
+
 def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: str | None = None,
          dtype: str = "float32", device: str = "cpu", extra_drafters: Mapping[str, Mapping] | None = None,
          max_batch_size: int | None = None, backend: "str | Backend" = Backend.AUTO,
@@ -129,20 +153,10 @@ def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: 
     """
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise ConfigError(f"model must be a model directory's path (or None: the embedded model), got {model!r}")
-    extra_drafters = {} if extra_drafters is None else extra_drafters
-    if not (isinstance(extra_drafters, Mapping) and all(isinstance(o, Mapping) for o in extra_drafters.values())):
-        raise ConfigError(f"extra_drafters must map drafter names to option mappings, got {extra_drafters!r}")
     if max_batch_size is not None:
         integer("max_batch_size", max_batch_size, minimum=1)
-    extra = {name: dict(options) for name, options in extra_drafters.items()}
-    for name, options in [(drafter, drafter_options), *extra.items()]:  # fail before loading anything
-        check_drafter(name, {"draft_model": draft_model, **options})
+    drafter_options, extra = check_drafters(drafter, draft_model, drafter_options, extra_drafters)  # before loading
     target = load_model(model, dtype=dtype, device=device, backend=backend, max_rows=max_batch_size)
-    if draft_model is not None:
-        drafter_options["draft_model"] = draft_model
-        for name, options in extra.items():
-            if name in ("draft-model", "hierarchical"):
-                options.setdefault("draft_model", draft_model)
     default = build_drafter(drafter, target, **drafter_options)
     others = {name: build_drafter(name, target, **options) for name, options in extra.items() if name != "none"}
     engine = SpeculativeEngine(target, default, drafters=others, max_batch_size=max_batch_size)

@@ -552,9 +552,9 @@ def test_genspec_train_checks_every_path_and_the_checkpoint_before_any_work(caps
 
 
 @pytest.mark.parametrize("extra, message", [(["--steps", "0"], "--steps must be >= 1"),
-                                            (["--layers", "0"], "--layers must be >= 1"),
-                                            (["--token-layers", "-1"], "--token-layers must be >= 0"),
-                                            (["--token-layers", "2"], "--token-layers must be below the target's 2 layers"),
+                                            (["--layers", "0"], "--layers must be from 1 to 64, got 0"),
+                                            (["--token-layers", "-1"], "--token-layers must be from 0 to 1"),
+                                            (["--token-layers", "2"], "--token-layers must be from 0 to 1 (the target has 2 layers), got 2"),
                                             (["--feature-layers", "2"], "--feature-layers must be distinct layers in 1..1"),
                                             (["--feature-layers", "1,x"], "comma-separated layer numbers"),
                                             (["--data", "/no/such/file.txt"], "training data not found")])

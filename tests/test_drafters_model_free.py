@@ -462,7 +462,7 @@ def test_retrieval_with_context_takes_the_longer_match():
     assert chains_of(draft) == [[50, 99]] and draft.evidence == (("context", 2),)
     draft = propose(RetrievalDrafter(index, context=True), [[90, 91]], [3])
     assert chains_of(draft) == [[]]
-    with pytest.raises(ConfigError, match="context must be true or false"):
+    with pytest.raises(ConfigError, match="option context='yes': expected true or false"):
         RetrievalDrafter(index, context="yes")
 
 

@@ -104,7 +104,7 @@ def test_a_lookup_chain_is_renumbered_and_cut_to_the_limit(tokenizer):
 
 
 def test_the_option_and_its_errors(tokenizer, tiny_target):
-    with pytest.raises(ConfigError, match="renumber must be true or false"):
+    with pytest.raises(ConfigError, match="option renumber=.maybe.: expected true or false"):
         genspec.build_drafter("prompt-lookup", tiny_target, renumber="maybe")
     assert genspec.build_drafter("suffix", tiny_target).enumeration is None  # no tokenizer: nothing to read
     target = CopyModel([[0]], len(tokenizer), tokenizer)

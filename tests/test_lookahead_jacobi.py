@@ -209,12 +209,13 @@ def test_lossless_sampling_with_the_jacobi_window(options, prompt):
 
 # ------------------------------------------------------------------------------- options
 @pytest.mark.parametrize("options, message", [
-    ({"window": -1}, "lookahead window must be an integer >= 0, got -1"),
-    ({"window": 1.5}, "lookahead window must be an integer >= 0, got 1.5"),
-    ({"window": "abc"}, "lookahead window must be an integer >= 0, got 'abc'"),
-    ({"window": True}, "lookahead window must be an integer >= 0, got True"),
-    ({"ngram_size": "x"}, "lookahead ngram_size must be an integer >= 2, got 'x'"),
-    ({"num_candidates": "two"}, "num_candidates must be an integer >= 1, got 'two'"),
+    ({"window": -1}, "drafter 'lookahead' option window=-1: expected an integer from 0 to 64"),
+    ({"window": 1.5}, "drafter 'lookahead' option window=1.5: expected an integer from 0 to 64"),
+    ({"window": "abc"}, "drafter 'lookahead' option window='abc': expected an integer from 0 to 64"),
+    ({"window": True}, "drafter 'lookahead' option window=True: expected an integer from 0 to 64"),
+    ({"window": 100_000_000}, "drafter 'lookahead' option window=100000000: expected an integer from 0 to 64"),
+    ({"ngram_size": "x"}, "drafter 'lookahead' option ngram_size='x': expected an integer from 2 to 32"),
+    ({"num_candidates": "two"}, "drafter 'lookahead' option num_candidates='two': expected an integer from 1 to 32"),
 ])
 def test_bad_options_are_refused_in_one_line(tiny_target, options, message):
     with pytest.raises(ConfigError) as caught:

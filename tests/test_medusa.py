@@ -130,4 +130,4 @@ def test_genspec_train_medusa_then_generate_with_it(capsys, tmp_path, tiny_model
     assert spec["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
     assert main(["train", "medusa", "--model", str(tiny_model_dir), "--out", str(tmp_path / "m2"),
                  "--num-heads", "0"]) == 2
-    assert "--num-heads must be >= 1" in capsys.readouterr().err
+    assert "--num-heads must be from 1 to 64" in capsys.readouterr().err

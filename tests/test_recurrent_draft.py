@@ -264,8 +264,8 @@ def test_generate_with_a_recurrent_draft_and_bad_options_refused(capsys, tiny_mo
         spec = json.loads(capsys.readouterr().out)
         assert spec["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
         assert spec["stats"]["drafted_tokens"] > 0
-    for option, message in (("num_drafts=0", "num_drafts must be an integer >= 1"),
-                            ("confidence_threshold=1.5", "confidence_threshold must be in [0, 1)"),
+    for option, message in (("num_drafts=0", "num_drafts=0: expected an integer from 1 to 32"),
+                            ("confidence_threshold=1.5", "confidence_threshold=1.5: expected a number in [0, 1)"),
                             ("layers=2", "does not take option")):
         assert main(base + ["--drafter", "draft", "-O", f"path={saved_draft}", "-O", option]) == 2
         err = capsys.readouterr().err

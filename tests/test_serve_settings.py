@@ -43,13 +43,13 @@ def test_a_chat_without_max_tokens_gets_at_most_the_keys_limit():
 
 def test_genspec_serve_flags_build_the_settings():
     args = build_parser().parse_args([
-        "serve", "--drafter", "ngram-cache", "-O", "namespace=a", "--extra-drafter", "suffix:max_depth=8",
+        "serve", "--drafter", "ngram-cache", "-O", "namespace=a", "--extra-drafter", "suffix:max_nodes=8",
         "--extra-drafter", "none", "--max-batch-size", "2", "--max-queue", "3", "--grace-period", "1.5",
         "--max-body-bytes", "999", "--served-model-name", "mine", "--no-cost-measurement", "--max-n", "2",
         "--model-backend", "torch"])
     settings = server_settings(args)
     assert (settings.drafter, settings.drafter_options, settings.extra_drafters) == (
-        "ngram-cache", {"namespace": "a"}, {"suffix": {"max_depth": 8}, "none": {}})
+        "ngram-cache", {"namespace": "a"}, {"suffix": {"max_nodes": 8}, "none": {}})
     assert (settings.max_batch_size, settings.max_queue, settings.grace_s, settings.max_body_bytes) == (2, 3, 1.5, 999)
     assert (settings.model_name, settings.measure_costs, settings.model_backend) == ("mine", False, "torch")
     assert settings.security.max_n == 2

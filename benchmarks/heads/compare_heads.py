@@ -31,7 +31,7 @@ def main() -> None:
     prompts = Sequences.load(f"{args.run}/{SEQUENCES}").held_out_prompts()
     print(f"# {len(prompts)} held-out prompts in {args.run}; measuring the first {args.prompts}", flush=True)
     for name, path in (("other" if args.other else "shipped", args.other), ("run", args.run)):
-        measured = held_out_acceptance(target, DRAFTERS["head"](target, path=path), prompts[:args.prompts])
+        measured = held_out_acceptance(target, DRAFTERS["head"].for_target(target, path=path), prompts[:args.prompts])
         print(f"{name:8s} first token {measured['first_token_acceptance']:.3f}, per position "
               + " ".join(f"{a:.3f}" for a in measured["acceptance_per_position"])
               + f", {measured['mean_accepted_length']:.3f} tokens per target call", flush=True)

@@ -53,7 +53,7 @@ for (p, out), cat in zip(answers, cats):
         cover = (inv[torch.tensor(out)] >= 0).float().mean().item()
     rows.append({"cat": cat, "prompt": len(p), "agree": res, "cover": cover})
     print(cat, len(p), res, round(cover, 3), round(time.time() - t0), flush=True)
-drafter = DRAFTERS["head"](target)
+drafter = DRAFTERS["head"].for_target(target)
 acc = []
 for p, cat in zip(ids, cats):
     a = held_out_acceptance(target, drafter, [p], max_new_tokens=128, num_draft_tokens=1)

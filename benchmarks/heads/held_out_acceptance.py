@@ -25,7 +25,7 @@ target = genspec.load_model(None, backend="torch")
 prompts = Sequences.load(args.sequences).held_out_prompts()[:8]
 figures = {}
 for name in args.heads.split(","):
-    drafter = DRAFTERS["head"](target, path=None if name == "shipped" else name, tree_nodes=0)
+    drafter = DRAFTERS["head"].for_target(target, path=None if name == "shipped" else name, tree_nodes=0)
     figures[name] = measured = held_out_acceptance(target, drafter, prompts)
     print(f"{name}: first draft token {measured['first_token_acceptance']:.3f}, per position "
           + " ".join(f"{a:.2f}" for a in measured["acceptance_per_position"])

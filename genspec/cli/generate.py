@@ -7,7 +7,7 @@ from pathlib import Path
 
 import genspec
 from genspec import strict_json
-from genspec.api import Backend, check_dtype, model_context, resolve_backend
+from genspec.api import Backend, check_drafters, check_dtype, model_context, resolve_backend
 from genspec.cli import finite_float
 from genspec.cli.options import add_options, parse_option
 from genspec.engine import GenerationConfig, RequestStats
@@ -56,6 +56,7 @@ def drafter_options(args) -> dict:
         options["edit_source"] = read_utf8_text(args.edit_source, "edit source file")
     if args.draft_model is not None and not Path(args.draft_model).exists():
         raise InputFileError(f"no draft model at {args.draft_model}: --draft-model takes a model directory")
+    check_drafters(args.drafter, args.draft_model, options)  # names, types and ranges, by the drafter's declarations
     return options
 
 

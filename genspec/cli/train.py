@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import genspec
 from genspec.bench.prompts import encode_prompt, load_spec_bench
-from genspec.cli.bench import check_output_dir
+from genspec.embedded import default_model_dir
 from genspec.cli.options import add_options
 from genspec.drafters.registry import DRAFTERS
 from genspec.errors import ConfigError, InputFileError
@@ -30,6 +30,7 @@ from genspec.speculators.distilled import DRAFT_ARCHS, DraftConfig
 from genspec.speculators.head import HeadConfig
 from genspec.speculators.medusa import MedusaConfig
 from genspec.speculators.store import HEAD_CONFIG, target_fingerprint
+from genspec.textfiles import check_output_dir
 from genspec.train.data import (SEQUENCES, Sequences, choose_vocabulary, collect_sequences, held_out_acceptance,
                                 read_texts, record_features)
 from genspec.train.loop import resumable_state, train_head
@@ -93,23 +94,26 @@ def add_parser(subparsers) -> None:
         p.add_argument("--sequences", metavar="FILE", help="reuse the training sequences of an earlier run "
                        "(its sequences.json; skips the target's continuations)")
         p.add_argument("--resume", action="store_true", help="continue the training in --out")
+        p.add_argument("--force", action="store_true",
+                       help="start a new training in --out even if it holds files (an earlier run's are overwritten)")
         p.set_defaults(func=run)
 
 
 def _check_files(args, out: Path):
     """Every path of the run checked before anything loads: ``--out`` a directory that can be written
-    (empty unless ``--resume``, then holding a checkpoint that loads), ``--data`` readable UTF-8 text,
-    ``--sequences`` readable sequences. Returns what the run reads of them: (saved sequences of a resumed run
-    or of ``--sequences``, or None; the texts of ``--data``)."""
+    (empty unless ``--force``, or ``--resume``, then holding a checkpoint that loads), ``--data`` readable
+    UTF-8 text, ``--sequences`` readable sequences. Returns what the run reads of them: (saved sequences of a
+    resumed run or of ``--sequences``, or None; the texts of ``--data``)."""
     if out.exists() and not out.is_dir():
         raise InputFileError(f"--out {out} is a file; give a directory (the speculator's files go in it)")
+    if args.resume and args.force:
+        raise ConfigError("--resume and --force exclude each other: continue the training in --out, or start over")
     if args.resume:
         resumable_state(out)  # there is a checkpoint, and it loads (its shape is checked once the config is known)
-    elif out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --resume")
     if args.data and args.sequences:
         raise ConfigError("--data and --sequences exclude each other (the sequences already hold their text)")
-    check_output_dir(out)
+    # a resumed run writes over its own files; a new one over nobody's unless --force
+    check_output_dir(out, args.force or args.resume, instead=", or --resume to continue its training")
     texts = read_texts(args.data)
     if args.resume and (out / SEQUENCES).is_file():
         return Sequences.load(out / SEQUENCES), texts
@@ -157,12 +161,63 @@ def _fingerprint(target) -> str:
     return target_fingerprint(target)
 
 
+#: the most sequences a training step may take (``--batch-size``): memory grows with them
+MAX_BATCH_SIZE = 1024
+#: the largest draft vocabulary ``--vocab-size`` may ask for: 2^20, more than any tokenizer holds (the draft's is the
+#: target's most frequent output tokens, so a size above the target's vocabulary takes all of them)
+MAX_VOCAB_SIZE = 1 << 20
+#: the widest draft ``--width`` may ask for (wider than most targets' own hidden size)
+MAX_WIDTH = 8192
+#: the most layers (``--layers``) or Medusa heads (``--num-heads``) a speculator may have: deeper than a draft that
+#: pays for itself by far
+MAX_LAYERS = 64
+#: a transformer draft's width is a multiple of this: its attention heads (4) of an even size (rotary positions
+#: turn pairs of dimensions)
+WIDTH_STEP = 2 * DraftConfig(hidden_size=0, vocab_size=0).num_heads
+
+
+def _target_shape(model: str | None) -> tuple[int | None, int | None]:
+    """The target's context and layer count from its config.json alone (no weights; None where it cannot be
+    read: loading then says why)."""
+    from transformers import AutoConfig  # here: transformers takes seconds to import, and only train needs it here
+
+    try:
+        config = AutoConfig.from_pretrained(model if model is not None else default_model_dir(), local_files_only=True)
+    except (OSError, ValueError):
+        return None, None
+    config = config.get_text_config(decoder=True)
+    return getattr(config, "max_position_embeddings", None), getattr(config, "num_hidden_layers", None)
+
+
+def check_arguments(args) -> TrainSettings:
+    """Every number of the run checked before anything loads (one line each): its range, and where the target
+    bounds it (the context, the layers) the target's config; returns the loop's settings."""
+    unmeasured = len(load_spec_bench()) - len(load_spec_bench(per_category=BENCH_PROMPTS_EXCLUDED))
+    context, layers = _target_shape(args.model)
+    # name -> (least, most, why the most): None is no bound, or one the target's config did not give; a prompt
+    # cap needs none (above the context it caps nothing)
+    ranges = {"steps": (1, None, ""), "batch_size": (1, MAX_BATCH_SIZE, ""),
+              "prompts": (1, unmeasured, " (the Spec-Bench prompts genspec bench does not measure)"),
+              "max_new_tokens": (1, context, " (the target's context)"), "max_prompt_tokens": (1, None, ""),
+              "vocab_size": (1, MAX_VOCAB_SIZE, ""), "num_heads": (1, MAX_LAYERS, ""),
+              "width": (1, MAX_WIDTH, ""), "layers": (1, MAX_LAYERS, ""),
+              "token_layers": (0, None if layers is None else layers - 1, f" (the target has {layers} layers)"),
+              "seed": (0, 2 ** 63 - 1, "")}
+    for name, (least, most, why) in ranges.items():
+        value = getattr(args, name, None)  # the options of this kind of speculator only
+        if value is not None and not (least <= value and (most is None or value <= most)):
+            span = f">= {least}" if most is None else f"from {least} to {most}{why}"
+            raise ConfigError(f"--{name.replace('_', '-')} must be {span}, got {value}")
+    if getattr(args, "arch", None) == "transformer" and args.width % WIDTH_STEP:
+        raise ConfigError(f"--width of a transformer draft must be a multiple of {WIDTH_STEP} (its attention heads "
+                          f"split it evenly), got {args.width}")
+    if getattr(args, "feature_layers", "") and layers is not None:
+        _layer_list(args.feature_layers, layers)
+    return TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
+
+
 def run(args) -> int:
-    for name in ("steps", "batch_size", "prompts", "max_new_tokens", "max_prompt_tokens", "vocab_size", "num_heads", "width", "layers"):
-        if getattr(args, name, 1) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if getattr(args, "token_layers", 0) < 0:
-        raise ConfigError(f"--token-layers must be >= 0, got {args.token_layers}")
+    settings = check_arguments(args)
     out = Path(args.out)
     given, texts = _check_files(args, out)
     console = Console(stderr=True)
@@ -195,7 +250,6 @@ def run(args) -> int:
         train = [features[i] for i in data.train]
         held = [features[i] for i in data.held_out]
         task = progress.add_task("training", total=args.steps)
-        settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
         tokens = sum(len(f) for _, f in train)
         log = train_head(target, train, held, vocab, out, config, settings=settings, resume=args.resume, kind=args.kind,
                          progress=lambda step, entry: progress.update(
@@ -205,7 +259,7 @@ def run(args) -> int:
         progress.add_task("held-out acceptance", total=None)
         # the head as a chain: its first draft token's acceptance is the head's own quality (a tree's
         # first level holds several guesses), the figure every earlier run recorded
-        drafter = DRAFTERS[args.kind](target, path=str(out), **({"tree_nodes": 0} if args.kind == "head" else {}))
+        drafter = DRAFTERS[args.kind].for_target(target, path=str(out), **({"tree_nodes": 0} if args.kind == "head" else {}))
         measured = held_out_acceptance(target, drafter, data.held_out_prompts()[:8],
                                        num_draft_tokens=min(5, getattr(args, "num_heads", 5)))
     _record(out, {"held_out_acceptance": measured})

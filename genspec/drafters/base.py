@@ -11,8 +11,12 @@ drafter keeps its own state (its own KV cache, tables, ...) per request and neve
 """
 from __future__ import annotations
 
+import math
+import numbers
+import os
+import reprlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +30,140 @@ from genspec.sampling import SamplingConfig
 
 #: draft tokens per step at most (k) when neither the request nor the drafter says otherwise
 DEFAULT_DRAFT_TOKENS = 8
+#: the most candidate chains per row an option may ask for (``num_candidates``, ``num_drafts``): the target
+#: verifies them all in one pass, so a row's verify block grows with each
+MAX_CANDIDATES = 32
+#: the most nodes a draft tree option may ask for (``tree_nodes``, the suffix drafter's ``max_nodes``): a row's
+#: verify block holds every one
+MAX_TREE_NODES = 128
+#: what a path option takes: text, or a :class:`os.PathLike`
+PATH = (str, os.PathLike)
+
+#: how an error quotes a value (an edit source may be a whole text)
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist = 40, 40, 6
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option a drafter takes (``-O NAME=VALUE``, ``genspec.load(drafter=..., NAME=VALUE)``), declared once
+    with the values it admits, on the drafter's class (:attr:`Drafter.options`): the registry checks what a user
+    gives against it before anything loads (:meth:`Drafter.check_options`), and the manual lists it.
+
+    ``kinds``: what a value may be, a type or a tuple of them: ``int`` (an integer, not a bool), ``float`` (a
+    finite number; an integer too), ``bool``, ``str``, ``list`` (a list of ``item`` values), ``None``, or any
+    class (a loaded model). ``low`` / ``high``: the range of a number, or of each item of a list (``low_open``
+    / ``high_open``: that end excluded); every size-like option has a ``high``. ``choices``: the values a
+    ``str`` may take. ``needed``: what to say when the option is missing (None: it may be left out)."""
+
+    name: str
+    kinds: type | tuple = object
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    item: type | None = None
+    choices: tuple[str, ...] = ()
+    needed: str | None = None
+
+    def __post_init__(self):
+        kinds = self.kinds if isinstance(self.kinds, tuple) else (self.kinds,)
+        object.__setattr__(self, "kinds", tuple(type(None) if k is None else k for k in kinds))
+        object.__setattr__(self, "choices", tuple(self.choices))
+
+    def admits(self, value) -> bool:
+        """Whether ``value`` is one this option takes."""
+        for kind in self.kinds:
+            if kind is list:
+                if isinstance(value, (list, tuple)) and all(self._scalar(v, self.item) for v in value):
+                    return True
+            elif kind in (int, float, bool, str):
+                if self._scalar(value, kind):
+                    return True
+            elif isinstance(value, kind):
+                return True
+        return False
+
+    def _scalar(self, value, kind) -> bool:
+        if kind is bool:
+            return isinstance(value, bool)
+        if kind is str:
+            return isinstance(value, str) and (not self.choices or value in self.choices)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if kind is int else numbers.Real):
+            return False
+        if kind is float and not math.isfinite(value):
+            return False
+        return self._in_range(value)
+
+    def _in_range(self, value) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self) -> str:
+        """The values it takes, in words: "an integer from 1 to 32", "a number in [0, 1)", "a path"."""
+        words = [self._words(kind) for kind in self.kinds if kind is not type(None)]
+        return " or ".join(w for w in words if w) or "nothing"
+
+    def _words(self, kind) -> str:
+        if kind is list:
+            if self.item in (int, float):
+                return f"a list of {'integers' if self.item is int else 'numbers'}{self._range(self.item is int)}"
+            return "a list of strings"
+        if kind is bool:
+            return "true or false"
+        if kind is str:
+            if self.choices:
+                return "one of " + ", ".join(self.choices)
+            return "a path" if os.PathLike in self.kinds else "text"
+        if kind is int:
+            return "an integer" + self._range(integer=True)
+        if kind is float:
+            return "a number" + self._range(integer=False)
+        if kind is os.PathLike:
+            return ""  # said with str: "a path"
+        return f"a {kind.__name__}"
+
+    def _range(self, integer: bool) -> str:
+        low, high = _number(self.low), _number(self.high)
+        if low is not None and high is not None:
+            if integer and not (self.low_open or self.high_open):
+                return f" from {low} to {high}"
+            return f" in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        if low is not None:
+            return f" {'>' if self.low_open else '>='} {low}"
+        if high is not None:
+            return f" {'<' if self.high_open else '<='} {high}"
+        return ""
+
+    def check(self, value, owner: str, what: str = "option") -> None:
+        """Refuse ``value`` if this option does not take it (``owner`` says whose it is: ``drafter 'suffix'``)."""
+        if value is None and self.needed is not None:
+            raise ConfigError(f"{owner} needs {self.needed}")
+        if not self.admits(value):
+            raise ConfigError(f"{owner} {what} {self.name}={_SHORT.repr(value)}: expected {self.describe()}")
+
+
+def _number(value: float | None) -> str | None:
+    """A bound as a user would type it: ``100000000``, ``0.5``."""
+    if value is None:
+        return None
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def check_options(declared: Iterable[Option], given: Mapping[str, object], owner: str, what: str = "option") -> None:
+    """Refuse the options ``given`` if one is not ``declared``, is declared but not with that value, or is
+    declared as needed and missing; ``owner`` names who takes them (``drafter 'suffix'``), ``what`` what they
+    are (``per-request option``)."""
+    declared = {option.name: option for option in declared}
+    for name, value in given.items():
+        if name not in declared:
+            takes = ", ".join(declared) or "none"
+            raise ConfigError(f"{owner} does not take {what} {name}; it takes: {takes}")
+        declared[name].check(value, owner, what)
+    for option in declared.values():
+        if option.needed is not None and given.get(option.name) is None:
+            raise ConfigError(f"{owner} needs {option.needed}")
 
 
 @dataclass(frozen=True)
@@ -292,7 +430,9 @@ class DrafterCapabilities:
       ``num_draft_tokens``: the depth the drafter is designed for (the suffix drafter's match-proportional
       drafts go to 24, SuffixDecoding's).
     - ``max_candidates``: most candidate chains per row in a :class:`Draft` (1: always a single chain).
-    - ``request_options``: per-request options a request may pass (``GenerationConfig.drafter_options``).
+    - ``request_options``: per-request options a request may pass (``GenerationConfig.drafter_options``), each an
+      :class:`Option` (a bare name: one that takes any value); the engine refuses, when a request is added, one
+      not declared here or with a value its declaration does not admit.
     - ``reads_target_hidden``: it reads the target's hidden states (EAGLE-style heads): the engine asks the
       target for them and hands them over in :attr:`RequestContext.hidden` and :attr:`DraftRequest.hidden`;
       ``target_hidden_layers``: those states also hold the outputs of these target layers (1 <= l < its layer
@@ -316,7 +456,7 @@ class DrafterCapabilities:
     draft_cost_prior: float = 0.5
     default_draft_tokens: int = DEFAULT_DRAFT_TOKENS
     max_candidates: int = 1
-    request_options: tuple[str, ...] = ()
+    request_options: tuple[Option, ...] = ()
     reads_target_hidden: bool = False
     target_hidden_layers: tuple[int, ...] = ()
     samples_drafts: bool = False
@@ -332,7 +472,8 @@ class DrafterCapabilities:
             raise ConfigError(f"max_candidates must be an integer >= 1, got {self.max_candidates}")
         if int(self.default_draft_tokens) != self.default_draft_tokens or self.default_draft_tokens < 1:
             raise ConfigError(f"default_draft_tokens must be an integer >= 1, got {self.default_draft_tokens}")
-        object.__setattr__(self, "request_options", tuple(self.request_options))
+        object.__setattr__(self, "request_options",
+                           tuple(Option(o) if isinstance(o, str) else o for o in self.request_options))
         object.__setattr__(self, "target_hidden_layers", tuple(self.target_hidden_layers))
 
 
@@ -395,12 +536,24 @@ class Drafter(ABC):
 
     name: str = "drafter"
     capabilities: DrafterCapabilities = DrafterCapabilities()
+    #: the options :meth:`for_target` takes, each declared once with the values it admits (:class:`Option`)
+    options: tuple[Option, ...] = ()
 
     @classmethod
     def for_target(cls, target: CausalLM, **options) -> "Drafter":
         """Build this drafter for ``target`` with user options (the registry's factory, so
-        ``genspec.load(drafter=NAME, **options)`` and ``-O KEY=VALUE`` reach it)."""
+        ``genspec.load(drafter=NAME, **options)`` and ``-O KEY=VALUE`` reach it), those of :attr:`options`."""
         return cls(**options)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, object], owner: str | None = None) -> None:
+        """Refuse, without a target (so before anything loads), options :meth:`for_target` does not take: a
+        name :attr:`options` does not declare, a value its declaration does not admit, a needed one missing
+        (``owner``: who takes them in the error, default ``drafter 'NAME'``). A drafter whose options bound one
+        another (``min_ngram <= max_ngram``) or go to a part it builds (the hybrid's lookup) checks that here too.
+        The registry calls it before the model loads and before it builds; a constructor may call it on its own
+        arguments."""
+        check_options(cls.options, options, owner or f"drafter {cls.name!r}")
 
     def start(self, contexts: list[RequestContext]) -> None:
         """Requests join the batch."""

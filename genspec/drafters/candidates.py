@@ -10,10 +10,11 @@ None), so the engine verifies them losslessly.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 from dataclasses import replace
 
-from genspec.checks import integer
-from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext
+from genspec.drafters.base import (MAX_CANDIDATES, Draft, Drafter, DrafterCapabilities, DraftRequest, Option,
+                                   RequestContext)
 from genspec.drafters.enumeration import Enumeration
 from genspec.errors import ConfigError
 
@@ -26,17 +27,22 @@ from genspec.errors import ConfigError
 RENUMBER = True
 
 
-def check_candidates(num_candidates: int) -> None:
-    integer("num_candidates", num_candidates, minimum=1)
+#: chains per row at most (several: verified as a tree)
+NUM_CANDIDATES = Option("num_candidates", int, 1, MAX_CANDIDATES)
+#: renumber list items in the chains found (:data:`RENUMBER`)
+RENUMBER_OPTION = Option("renumber", bool)
 
 
 class CandidateDrafter(Drafter):
     """Model-free drafting, one request (row) at a time. ``num_candidates`` chains per row at most."""
 
     capabilities = DrafterCapabilities(free=True)
+    #: what :meth:`for_target` adds to a subclass's own: ``num_drafts`` (the CLI's ``--num-drafts``) means
+    #: ``num_candidates``; ``renumber`` list items
+    options = (NUM_CANDIDATES, Option("num_drafts", int, 1, MAX_CANDIDATES), RENUMBER_OPTION)
 
     def __init__(self, num_candidates: int = 1):
-        check_candidates(num_candidates)
+        NUM_CANDIDATES.check(num_candidates, f"drafter {self.name!r}")
         self.capabilities = replace(self.capabilities, max_candidates=int(num_candidates))
         self._rows: dict[int, object] = {}
         #: rewrites list item numbers in the chains found (None: chains as found)
@@ -52,12 +58,17 @@ class CandidateDrafter(Drafter):
                 raise ConfigError("give num_candidates or num_drafts, not both")
             options["num_candidates"] = options.pop("num_drafts")
         renumber = options.pop("renumber", RENUMBER)
-        if not isinstance(renumber, bool):
-            raise ConfigError(f"renumber must be true or false, got {renumber!r}")
+        RENUMBER_OPTION.check(renumber, f"drafter {cls.name!r}")
         drafter = cls(**options)
         if renumber:
             drafter.enumeration = Enumeration.of_tokenizer(target.tokenizer)
         return drafter
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, object], owner: str | None = None) -> None:
+        super().check_options(options, owner)
+        if "num_drafts" in options and "num_candidates" in options:
+            raise ConfigError("give num_candidates or num_drafts, not both")
 
     @property
     def num_candidates(self) -> int:

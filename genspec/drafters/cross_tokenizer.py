@@ -31,13 +31,14 @@ import re
 
 import torch
 
-from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext, draw_tokens
-from genspec.drafters.draft_model import sync_rows
+from genspec.drafters.base import (Draft, Drafter, DrafterCapabilities, DraftRequest, Option, RequestContext,
+                                   draw_tokens)
+from genspec.drafters.draft_model import DRAFT_MODEL, sync_rows
 from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM
-from genspec.sampling import apply_repetition_penalty, process_logits, seen_mask
+from genspec.sampling import TokenHistory, apply_repetition_penalty, process_logits, seen_mask
 
 #: the least share of the smaller vocabulary the two tokenizers must have in common (``min_shared``). A
 #: sampled draft can only propose shared tokens: the target's probability on the others is never a draft's
@@ -47,6 +48,7 @@ from genspec.sampling import apply_repetition_penalty, process_logits, seen_mask
 #: against a mismatched pair, not a measured optimum: ``-O min_shared=0`` lifts it (greedy drafts, re-encoded
 #: as text, do not use the shared tokens).
 MIN_SHARED = 0.5
+MIN_SHARED_OPTION = Option("min_shared", float, 0.0, 1.0)
 
 #: target tokens of the committed text re-encoded with a greedy proposal, to find where the proposal begins
 TARGET_LOOKBEHIND = 8
@@ -168,10 +170,10 @@ class CrossTokenizerDrafter(Drafter):
 
     name = "draft-model"
     capabilities = DrafterCapabilities(samples_drafts=True)
+    options = (DRAFT_MODEL, MIN_SHARED_OPTION)
 
     def __init__(self, model: CausalLM, target_tokenizer, target_size: int, min_shared: float = MIN_SHARED):
-        if not 0.0 <= min_shared <= 1.0:
-            raise ConfigError(f"min_shared must be in [0, 1], got {min_shared}")
+        MIN_SHARED_OPTION.check(min_shared, f"drafter {self.name!r}")
         if model.tokenizer is None:
             raise ConfigError(f"draft and target vocabularies differ ({model.vocab_size} vs {target_size} tokens) "
                               "and the draft model has no tokenizer to translate text with (its directory holds "
@@ -199,8 +201,7 @@ class CrossTokenizerDrafter(Drafter):
     def for_target(cls, target: CausalLM, draft_model: str | CausalLM | None = None,
                    min_shared: float = MIN_SHARED) -> "CrossTokenizerDrafter":
         """``draft_model``: a local model directory with its tokenizer, or a loaded :class:`CausalLM`."""
-        if draft_model is None:
-            raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
+        DRAFT_MODEL.check(draft_model, f"drafter {cls.name!r}")
         if not isinstance(draft_model, CausalLM):
             draft_model = HFCausalLM.from_pretrained(draft_model)
         return cls(draft_model, target.tokenizer, target.vocab_size, min_shared)
@@ -255,10 +256,9 @@ class CrossTokenizerDrafter(Drafter):
         if sampled:
             rows = [contexts[r] for r in sampled]
             index = torch.tensor(sampled)
-            seen = None
-            if any(c.sampling.repetition_penalty != 1.0 for c in rows):
-                seen = seen_mask([targets[r] for r in sampled], self.shared.target_size, logits.device)
-            laws = process_logits(self.shared.target_logits(logits[index]), [c.sampling for c in rows], seen)
+            history = TokenHistory.of([targets[r] for r in sampled], [len(c.prompt) for c in rows],
+                                      [c.sampling for c in rows], self.shared.target_size, logits.device)
+            laws = process_logits(self.shared.target_logits(logits[index]), [c.sampling for c in rows], history)
             chosen = draw_tokens(laws, rows, [len(targets[r]) - len(c.prompt) for r, c in zip(sampled, rows)],
                                  [True] * len(rows))
             tokens[index] = self.shared.to_draft.to(chosen.device)[chosen].to(tokens.device)

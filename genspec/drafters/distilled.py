@@ -5,14 +5,15 @@ transformer with its KV cache, or a GRU or LSTM (``genspec train draft --arch gr
 recurrent state after each token (:class:`genspec.speculators.recurrent.RecurrentLM`)."""
 from __future__ import annotations
 
-from genspec.drafters.draft_model import DraftModelDrafter
-from genspec.drafters.trained import load_for_target
+from genspec.drafters.draft_model import CONFIDENCE_THRESHOLD, NUM_DRAFTS, DraftModelDrafter
+from genspec.drafters.trained import TRAINED_PATH, load_for_target
 
 
 class DistilledDrafter(DraftModelDrafter):
     """Options: ``path`` (the draft's directory), ``num_drafts``, ``confidence_threshold``."""
 
     name = "draft"
+    options = (TRAINED_PATH, NUM_DRAFTS, CONFIDENCE_THRESHOLD)
 
     @classmethod
     def for_target(cls, target, path: str | None = None, num_drafts: int = 1,

@@ -21,14 +21,22 @@ from dataclasses import replace
 import torch
 
 from genspec.acceptance import Candidates, verify
-from genspec.drafters.base import (Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext, draw_tokens,
-                                   ragged_tokens, request_uniforms)
+from genspec.drafters.base import (MAX_CANDIDATES, PATH, Draft, Drafter, DrafterCapabilities, DraftRequest, Option,
+                                   RequestContext, check_options, draw_tokens, ragged_tokens, request_uniforms)
 from genspec.drafters.ngrams import common_prefix_length
 from genspec.errors import ConfigError
 from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM
 from genspec.randomness import Noise
-from genspec.sampling import apply_repetition_penalty, block_seen_mask, process_logits, seen_mask, target_law
+from genspec.sampling import TokenHistory, adjust_logits, process_logits, target_law
+
+
+#: the options every draft-model drafter takes: independent chains sampled per row (several: verified as a
+#: tree), and the least draft probability a drafted token may have without ending the draft
+NUM_DRAFTS = Option("num_drafts", int, 1, MAX_CANDIDATES)
+CONFIDENCE_THRESHOLD = Option("confidence_threshold", float, 0.0, 1.0, high_open=True)
+#: the model a ``draft-model`` drafter drafts with: a directory, or a loaded model
+DRAFT_MODEL = Option("draft_model", (*PATH, CausalLM), needed="a draft model (--draft-model PATH)")
 
 
 def sync_rows(model: CausalLM, held: list[list[int]], sequences: list[list[int]], active: list[bool],
@@ -68,15 +76,14 @@ class DraftModelDrafter(Drafter):
 
     name = "draft-model"
     capabilities = DrafterCapabilities(samples_drafts=True)
+    options = (DRAFT_MODEL, NUM_DRAFTS, CONFIDENCE_THRESHOLD)
 
     def __init__(self, model: CausalLM, num_drafts: int = 1, confidence_threshold: float = 0.0,
                  inner: Drafter | None = None, reuse_layers: bool = True):
-        if int(num_drafts) != num_drafts or num_drafts < 1:
-            raise ConfigError(f"num_drafts must be an integer >= 1, got {num_drafts}")
-        if not 0.0 <= confidence_threshold < 1.0:
-            raise ConfigError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        given = {"num_drafts": num_drafts, "confidence_threshold": confidence_threshold}
+        check_options((NUM_DRAFTS, CONFIDENCE_THRESHOLD), given, f"drafter {self.name!r}")
         self.model = model
-        self.confidence_threshold = confidence_threshold
+        self.confidence_threshold = float(confidence_threshold)
         self.inner = inner
         self.reuse_layers = reuse_layers
         self.reuses = model.prefix_source if reuse_layers else None  # the target its drafts' layers serve
@@ -92,9 +99,8 @@ class DraftModelDrafter(Drafter):
                    confidence_threshold: float = 0.0) -> "DraftModelDrafter":
         """``draft_model``: a local model directory (or a loaded :class:`CausalLM`) sharing the target's
         tokenizer (the registry's ``draft-model`` hands a distilled draft's directory to :class:`DistilledDrafter`
-        instead: :func:`genspec.drafters.registry.draft_model_drafter`)."""
-        if draft_model is None:
-            raise ConfigError("drafter 'draft-model' needs a draft model (--draft-model PATH)")
+        instead: :class:`genspec.drafters.registry.AnyDraftModel`)."""
+        DRAFT_MODEL.check(draft_model, f"drafter {cls.name!r}")
         if not isinstance(draft_model, CausalLM):
             draft_model = HFCausalLM.from_pretrained(draft_model)
         if draft_model.vocab_size != target.vocab_size:
@@ -132,13 +138,13 @@ class DraftModelDrafter(Drafter):
         self._held.update(zip(self._order, held))
         return out
 
-    def _choose(self, logits: torch.Tensor, seen: torch.Tensor | None, contexts: list[RequestContext],
+    def _choose(self, logits: torch.Tensor, history: TokenHistory | None, contexts: list[RequestContext],
                 drawing: list[bool], positions: list[int]):
         """A token per row from logits ``[R, V]`` (for output ``positions``), the law it was drawn from,
         and whether it is confident."""
-        probs = process_logits(logits, [c.sampling for c in contexts], seen)
+        probs = process_logits(logits, [c.sampling for c in contexts], history)
         tokens = draw_tokens(probs, contexts, positions, drawing)
-        return tokens, probs, self._confident(logits, seen, tokens, probs, contexts)
+        return tokens, probs, self._confident(logits, history, tokens, probs, contexts)
 
     @staticmethod
     def _coupling(contexts: list[RequestContext], current: list[list[int]], drawing: list[bool], width: int,
@@ -154,25 +160,23 @@ class DraftModelDrafter(Drafter):
             race[r] = contexts[r].noise.races(len(current[r]) - len(contexts[r].prompt), width + 1, vocab_size)
         return coupled, race
 
-    def _confident(self, logits, seen, tokens, probs, contexts) -> list[bool]:
+    def _confident(self, logits, history, tokens, probs, contexts) -> list[bool]:
         """Per row: is the drawn token's probability at least ``confidence_threshold``? (Greedy laws are
         one-hot: those rows are judged by the softmax of their penalised logits.)"""
         if self.confidence_threshold <= 0:
             return [True] * len(contexts)
         if probs is None:
-            probs = process_logits(logits, [c.sampling for c in contexts], seen)
-        if seen is not None:
-            logits = apply_repetition_penalty(logits, seen, [c.sampling.repetition_penalty for c in contexts])
+            probs = process_logits(logits, [c.sampling for c in contexts], history)
+        logits = adjust_logits(logits, [c.sampling for c in contexts], history)
         raw = logits.float().softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         drawn = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(raw.dtype)
         greedy = torch.tensor([c.sampling.greedy for c in contexts])
         return (torch.where(greedy, raw, drawn) >= self.confidence_threshold).tolist()
 
-    def _seen(self, contexts, sequences, vocab: int, block: torch.Tensor | None = None):
-        if all(c.sampling.repetition_penalty == 1.0 for c in contexts):
-            return None
-        seen = seen_mask(sequences, vocab)
-        return seen if block is None else block_seen_mask(seen, block)
+    def _history(self, contexts, sequences, vocab: int, block: torch.Tensor | None = None) -> TokenHistory | None:
+        """What the rows' penalties read (:class:`TokenHistory`), at ``block``'s positions if given."""
+        history = TokenHistory.of(sequences, [len(c.prompt) for c in contexts], [c.sampling for c in contexts], vocab)
+        return history if history is None or block is None else history.along(block)
 
     def _draft_chain(self, sequences: list[list[int]], need: list[int]) -> Draft:
         """One chain per model row. Each round feeds ``[pending, inner drafts...]``; without an inner
@@ -186,7 +190,7 @@ class DraftModelDrafter(Drafter):
         current = [list(s) for s in sequences]
         logits = self._sync(sequences, [n > 0 for n in need])
         drawing = [n > 0 for n in need]
-        pending, pending_law, confident = self._choose(logits, self._seen(contexts, current, logits.shape[-1]),
+        pending, pending_law, confident = self._choose(logits, self._history(contexts, current, logits.shape[-1]),
                                                        contexts, drawing,
                                                        [len(c) - len(ctx.prompt) for c, ctx in zip(current, contexts)])
         running = list(drawing)
@@ -206,9 +210,9 @@ class DraftModelDrafter(Drafter):
             inner = self._inner_proposal(current, room)
             chunks = [[int(pending[r])] + inner.first_chain(r) if running[r] else [] for r in range(batch)]
             block, valid = ragged_tokens(chunks)
-            # the pending token (block[0]) is already in ``current``; the seen-mask adds the proposals
+            # the pending token (block[0]) is already in ``current``; the history adds the proposals
             block_logits = self.model.forward(block, valid)
-            seen = self._seen(contexts, current, block_logits.shape[-1], block)
+            history = self._history(contexts, current, block_logits.shape[-1], block)
             width = block.shape[1] - 1
             coupled, race = self._coupling(contexts, current, drawing, width, block_logits.shape[-1])
             standard = [on and not c for on, c in zip(drawing, coupled.tolist())]
@@ -216,7 +220,7 @@ class DraftModelDrafter(Drafter):
                                  probs=None if inner.probs is None else inner.probs[:, :, :width])
             noise = Noise(request_uniforms(contexts, width + 1, standard),
                           request_uniforms(contexts, width, standard).unsqueeze(-1), coupled, race)
-            judged = target_law(block_logits, sampling, seen)
+            judged = target_law(block_logits, sampling, history)
             verdict = verify(drafted, judged, noise=noise)
             accepted = verdict.accepted_length
             self.model.keep_block(torch.where(valid[:, :1], verdict.path, torch.full_like(verdict.path, -1)))
@@ -235,7 +239,8 @@ class DraftModelDrafter(Drafter):
                 running[r] = len(out_tokens[r]) < need[r]
             pending = verdict.next_token
             pending_law = None if greedy else laws[rows, accepted]
-            confident = self._confident(block_logits[rows, accepted], None if seen is None else seen[rows, accepted],
+            confident = self._confident(block_logits[rows, accepted],
+                                        None if history is None else history.at((rows, accepted)),
                                         pending, pending_law, contexts)
         return self._as_draft(out_tokens, out_laws)
 

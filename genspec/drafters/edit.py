@@ -26,17 +26,28 @@ does, and drafts from there when that match is longer than the clue that placed 
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from genspec.drafters.base import DrafterCapabilities, RequestContext
+from genspec.drafters.base import PATH, DrafterCapabilities, Option, RequestContext
 from genspec.drafters.candidates import CandidateDrafter
-from genspec.drafters.ngrams import NGramIndex, check_ngram_range, copy_forward
+from genspec.drafters.ngrams import (MAX_NGRAM, MAX_NGRAM_OPTION, MIN_NGRAM_OPTION, NGramIndex, check_ngram_range,
+                                     copy_forward)
 from genspec.errors import ConfigError
 from genspec.textfiles import read_utf8_text
 
 _END = -1  # appended to the indexed source so that an n-gram at its very end has a position too
 _COPYING = 1 << 30  # clue length while the output keeps copying the source along the pointer
+#: the longest n-gram re-aligned with by default
+DEFAULT_MAX_NGRAM = 6
+#: the largest ``window`` an option may ask for: a distance in tokens, and beyond any text's length the same as
+#: anywhere
+MAX_WINDOW = 1_000_000
+#: a request's own edit source: text (tokenised with the model's tokenizer) or token ids
+SOURCE = Option("source", (str, list, None), item=int, low=0)
+#: the source of every request (a factory option; token ids must also be in the target's vocabulary)
+EDIT_SOURCE = replace(SOURCE, name="edit_source")
 
 
 @dataclass
@@ -72,17 +83,27 @@ class EditDrafter(CandidateDrafter):
     """
 
     name = "edit"
-    capabilities = DrafterCapabilities(free=True, request_options=("source",))
+    capabilities = DrafterCapabilities(free=True, request_options=(SOURCE,))
+    options = CandidateDrafter.options + (
+        EDIT_SOURCE, Option("edit_source_file", (*PATH, None)), MAX_NGRAM_OPTION, MIN_NGRAM_OPTION,
+        Option("far_ngram", int, 1, MAX_NGRAM), Option("window", int, 0, MAX_WINDOW))
 
-    def __init__(self, source: list[int] | None = None, max_ngram: int = 6, min_ngram: int = 1,
+    def __init__(self, source: list[int] | None = None, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = 1,
                  far_ngram: int = 4, window: int = 32, num_candidates: int = 1, tokenizer=None):
-        check_ngram_range(min_ngram, max_ngram, "edit re-alignment")
+        self.check_options({"max_ngram": max_ngram, "min_ngram": min_ngram, "far_ngram": far_ngram, "window": window})
         super().__init__(num_candidates)
         self.tokenizer = tokenizer
         self.source = _as_token_ids(source, tokenizer)
         self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
-        self.far_ngram, self.window = far_ngram, window
+        self.far_ngram, self.window = int(far_ngram), int(window)
         self._shared_index: NGramIndex | None = None
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, object], owner: str | None = None) -> None:
+        super().check_options(options, owner)
+        check_ngram_range(options.get("min_ngram", 1), options.get("max_ngram", DEFAULT_MAX_NGRAM), "edit re-alignment")
+        if options.get("edit_source") is not None and options.get("edit_source_file") is not None:
+            raise ConfigError("give the edit source as text or as a file, not both")
 
     @classmethod
     def for_target(cls, target, edit_source: str | list | None = None, edit_source_file: str | None = None,
@@ -93,6 +114,11 @@ class EditDrafter(CandidateDrafter):
             if edit_source is not None:
                 raise ConfigError("give the edit source as text or as a file, not both")
             edit_source = read_source_file(edit_source_file)
+        EDIT_SOURCE.check(edit_source, f"drafter {cls.name!r}")
+        outside = [t for t in edit_source if t >= target.vocab_size] if isinstance(edit_source, (list, tuple)) else []
+        if outside:
+            raise ConfigError(f"edit source token id {outside[0]} is not in the model's vocabulary "
+                              f"[0, {target.vocab_size})")
         # the source is the text being rewritten, its numbers included: not renumbered unless asked
         options.setdefault("renumber", False)
         return super().for_target(target, source=edit_source, tokenizer=target.tokenizer, **options)

@@ -13,13 +13,15 @@ verifier, so the standard rule stays exact.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
 
-from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext
-from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TreeNode, ancestors, best_paths, chains_draft, draw,
-                                      load_for_target, tree_block)
+from genspec.drafters.base import (MAX_CANDIDATES, Draft, Drafter, DrafterCapabilities, DraftRequest, Option,
+                                   RequestContext)
+from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TRAINED_PATH, TREE_NODES, TREE_TOP_K, TreeNode, ancestors,
+                                      best_paths, chains_draft, draw, load_for_target, tree_block)
 from genspec.drafters.layer_states import LayerStates
 from genspec.errors import ConfigError
 from genspec.models.hf import transpose_linears
@@ -69,6 +71,8 @@ DEFAULT_TREE_FIRST = 0
 #: "head:first_threshold=0,head:first_threshold=0.1,head:first_threshold=0.2" --skip-prompts 2 --num-prompts 1
 #: --repeats 1``) and 0.15 at 1.50x against 1.57x for 0 in another run: 0.1 costs next to nothing.
 DEFAULT_FIRST_THRESHOLD = 0.1
+#: the tokens each tree node is expanded into by default
+DEFAULT_TREE_TOP_K = 4
 
 
 class HeadDrafter(Drafter):
@@ -90,15 +94,14 @@ class HeadDrafter(Drafter):
 
     name = "head"
     capabilities = DrafterCapabilities(reads_target_hidden=True, draft_cost_prior=FEATURE_HEAD_COST_PRIOR)
+    options = (TRAINED_PATH, TREE_NODES, TREE_TOP_K, Option("tree_first", int, 0, MAX_CANDIDATES),
+               Option("first_threshold", (float, None), 0.0, 1.0, high_open=True))
 
-    def __init__(self, target, head: DraftHead, vocab_ids: list[int], tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4,
-                 tree_first: int = DEFAULT_TREE_FIRST, first_threshold: float = 0.0, fast_kernels: bool = True):
-        if int(tree_nodes) != tree_nodes or tree_nodes < 0 or int(tree_top_k) != tree_top_k or tree_top_k < 1:
-            raise ConfigError(f"tree_nodes must be an integer >= 0 and tree_top_k >= 1, got {tree_nodes}, {tree_top_k}")
-        if int(tree_first) != tree_first or not 0 <= tree_first <= min(tree_top_k, max(tree_nodes, 1)):
-            raise ConfigError(f"tree_first must be an integer from 0 to min(tree_top_k, tree_nodes), got {tree_first}")
-        if not 0.0 <= first_threshold < 1.0:
-            raise ConfigError(f"first_threshold must be in [0, 1), got {first_threshold}")
+    def __init__(self, target, head: DraftHead, vocab_ids: list[int], tree_nodes: int = DEFAULT_TREE_NODES,
+                 tree_top_k: int = DEFAULT_TREE_TOP_K, tree_first: int = DEFAULT_TREE_FIRST, first_threshold: float = 0.0,
+                 fast_kernels: bool = True):
+        self.check_options({"tree_nodes": tree_nodes, "tree_top_k": tree_top_k, "tree_first": tree_first,
+                            "first_threshold": first_threshold})
         self.tree_nodes, self.tree_top_k, self.tree_first = int(tree_nodes), int(tree_top_k), int(tree_first)
         self.first_threshold = float(first_threshold)
         self.device, self.dtype = target.device, target.dtype
@@ -122,8 +125,16 @@ class HeadDrafter(Drafter):
         self.layer_states = LayerStates(target, config.token_layers) if config.token_layers else None
 
     @classmethod
+    def check_options(cls, options: Mapping[str, object], owner: str | None = None) -> None:
+        super().check_options(options, owner)
+        nodes, top_k = options.get("tree_nodes", DEFAULT_TREE_NODES), options.get("tree_top_k", DEFAULT_TREE_TOP_K)
+        first = options.get("tree_first", DEFAULT_TREE_FIRST)
+        if first > min(top_k, max(nodes, 1)):
+            raise ConfigError(f"tree_first must be an integer from 0 to min(tree_top_k, tree_nodes), got {first}")
+
+    @classmethod
     def for_target(cls, target, path: str | None = None, tree_nodes: int = DEFAULT_TREE_NODES,
-                   tree_top_k: int = 4, tree_first: int = DEFAULT_TREE_FIRST,
+                   tree_top_k: int = DEFAULT_TREE_TOP_K, tree_first: int = DEFAULT_TREE_FIRST,
                    first_threshold: float | None = None) -> "HeadDrafter":
         """``first_threshold`` unset: :data:`DEFAULT_FIRST_THRESHOLD` for the shipped head, whose calibration
         it was chosen on; 0 for a head given by ``path`` (a few training steps leave a head unsure everywhere)."""

@@ -10,8 +10,14 @@ from genspec.errors import ConfigError
 DEFAULT_LEVELS = ("prompt-lookup", "quantized")
 
 
+def cannot_verify(name: str) -> str:
+    """The refusal of level ``name`` above another: it does not run a model, so it cannot verify one."""
+    return (f"level {name!r} cannot verify another drafter: only model-based levels (draft-model, early-exit, "
+            "layer-skip, quantized) can")
+
+
 class HierarchicalDrafter:
-    """Stacks drafters the registry built by name (:func:`genspec.drafters.registry.hierarchical_drafter`);
+    """Stacks drafters the registry built by name (:class:`genspec.drafters.registry.HierarchicalStack`);
     it is not a drafter class of its own: the top level is, named ``hierarchical``."""
 
     name = "hierarchical"
@@ -24,8 +30,7 @@ class HierarchicalDrafter:
         for depth, (name, level) in enumerate(levels):
             if depth > 0:
                 if not isinstance(level, DraftModelDrafter):
-                    raise ConfigError(f"level {name!r} cannot verify another drafter: only model-based levels "
-                                      "(draft-model, early-exit, layer-skip, quantized) can")
+                    raise ConfigError(cannot_verify(name))
                 level.inner = drafter
             drafter = level
         drafter.name = cls.name

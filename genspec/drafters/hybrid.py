@@ -21,12 +21,15 @@ keeps whichever path it agrees with (several drafts verified together).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
-from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftOffer, DraftRequest, RequestContext
-from genspec.drafters.head import DEFAULT_TREE_FIRST, DEFAULT_TREE_NODES, HeadDrafter
+from genspec.drafters.base import (Draft, Drafter, DrafterCapabilities, DraftOffer, DraftRequest, Option, RequestContext,
+                                   check_options)
+from genspec.drafters.head import DEFAULT_TREE_FIRST, DEFAULT_TREE_NODES, DEFAULT_TREE_TOP_K, HeadDrafter
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.drafters.suffix import SuffixDrafter
+from genspec.drafters.trained import require_hf_target
 from genspec.errors import ConfigError
 
 #: the evidence grade of rows left to the head
@@ -49,6 +52,9 @@ DEFAULT_LOOKUP = "suffix"
 #: (:meth:`~genspec.draft_length.DraftLength.shadow`), greedy: 3.98x against 3.87x, ahead in 8 of 13
 #: (``--methods "hybrid:merge_weak=false,hybrid"``).
 MERGE_WEAK = True
+#: the hybrid's own options (the head's and the lookup's are theirs)
+MIN_MATCH = Option("min_match", int, 1)
+MERGE_WEAK_OPTION = Option("merge_weak", bool)
 
 
 class HeadAndWeakLookup(Drafter):
@@ -97,14 +103,14 @@ class HybridDrafter(Drafter):
     it); other options go to the lookup (``max_ngram`` for prompt lookup, ``factor``, ``num_candidates``, ... for suffix)."""
 
     name = "hybrid"
+    # and every option of the lookup (check_options sends them there)
+    options = (Option("lookup", str, choices=tuple(LOOKUPS)), MIN_MATCH, MERGE_WEAK_OPTION, *HeadDrafter.options)
 
     def __init__(self, lookup: Drafter, head: HeadDrafter, min_match: int = 3, merge_weak: bool = MERGE_WEAK):
-        if int(min_match) != min_match or min_match < 1:
-            raise ConfigError(f"min_match must be an integer >= 1, got {min_match}")
+        check_options((MIN_MATCH, MERGE_WEAK_OPTION), {"min_match": min_match, "merge_weak": merge_weak},
+                      f"drafter {self.name!r}")
         if not lookup.capabilities.free:
             raise ConfigError(f"the hybrid's lookup must be a free drafter; {lookup.name!r} is not")
-        if not isinstance(merge_weak, bool):
-            raise ConfigError(f"merge_weak must be true or false, got {merge_weak!r}")
         self.lookup, self.head, self.min_match = lookup, head, int(min_match)
         self.merger = HeadAndWeakLookup(head) if merge_weak else None
         self.fallback = self.merger or head  # drafts the rows lookup leaves
@@ -117,10 +123,23 @@ class HybridDrafter(Drafter):
             target_hidden_layers=costly.target_hidden_layers, samples_drafts=costly.samples_drafts)
 
     @classmethod
+    def check_options(cls, options: Mapping[str, object], owner: str | None = None) -> None:
+        """Its own options and the head's here (those bound one another as the head's do), the others by the
+        lookup they go to."""
+        owner = owner or f"drafter {cls.name!r}"
+        own, head = {o.name for o in cls.options}, {o.name for o in HeadDrafter.options}
+        super().check_options({k: v for k, v in options.items() if k in own}, owner)
+        HeadDrafter.check_options({k: v for k, v in options.items() if k in head}, owner)
+        lookup = options.get("lookup", DEFAULT_LOOKUP)
+        LOOKUPS[lookup].check_options({k: v for k, v in options.items() if k not in own}, f"{owner} (lookup {lookup!r})")
+
+    @classmethod
     def for_target(cls, target, path: str | None = None, lookup: str = DEFAULT_LOOKUP, min_match: int = 3,
-                   tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = 4, tree_first: int = DEFAULT_TREE_FIRST,
+                   tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = DEFAULT_TREE_TOP_K,
+                   tree_first: int = DEFAULT_TREE_FIRST,
                    first_threshold: float = 0.0, merge_weak: bool = MERGE_WEAK,
                    **lookup_options) -> "HybridDrafter":
+        require_hf_target(target, cls.name)  # its head's refusal would name the head, not the drafter asked for
         if lookup not in LOOKUPS:
             raise ConfigError(f"unknown lookup {lookup!r} for the hybrid; choose from {', '.join(LOOKUPS)}")
         return cls(LOOKUPS[lookup].for_target(target, **lookup_options),

@@ -51,13 +51,17 @@ from collections import OrderedDict
 from dataclasses import replace
 from enum import StrEnum
 
-from genspec.checks import integer
-from genspec.drafters.base import BlockPredictions, RequestContext
+from genspec.drafters.base import BlockPredictions, Option, RequestContext
 from genspec.drafters.candidates import CandidateDrafter
-from genspec.drafters.ngrams import common_prefix_length
+from genspec.drafters.ngrams import MAX_NGRAM, common_prefix_length
 
 #: guessed positions in the Jacobi window by default
 DEFAULT_WINDOW = 4
+#: the widest window ``window`` may ask for: each step drafts it whole and re-reads the target's predictions
+#: over it, and no more of it than the draft depth (k) is verified
+MAX_WINDOW = 64
+#: the most n-grams per key token ``pool_size`` may ask for (the pool keeps as many more from the window)
+MAX_POOL_SIZE = 256
 
 
 class Evidence(StrEnum):
@@ -155,14 +159,14 @@ class LookaheadDrafter(CandidateDrafter):
     """
 
     name = "lookahead"
+    options = CandidateDrafter.options + (Option("ngram_size", int, 2, MAX_NGRAM),
+                                          Option("pool_size", int, 1, MAX_POOL_SIZE), Option("window", int, 0, MAX_WINDOW))
 
     def __init__(self, ngram_size: int = 4, pool_size: int = 8, num_candidates: int = 1,
                  window: int = DEFAULT_WINDOW):
-        ngram_size = integer("lookahead ngram_size", ngram_size, minimum=2)
-        pool_size = integer("lookahead pool_size", pool_size, minimum=1)
-        window = integer("lookahead window", window, minimum=0)
+        self.check_options({"ngram_size": ngram_size, "pool_size": pool_size, "window": window})
         super().__init__(num_candidates)
-        self.ngram_size, self.pool_size, self.window = ngram_size, pool_size, window
+        self.ngram_size, self.pool_size, self.window = int(ngram_size), int(pool_size), int(window)
         self.pool_candidates = self.num_candidates
         if window:
             self.capabilities = replace(self.capabilities, reads_block_predictions=True)

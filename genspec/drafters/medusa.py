@@ -15,9 +15,8 @@ from dataclasses import replace
 import torch
 
 from genspec.drafters.base import Draft, Drafter, DrafterCapabilities, DraftRequest, RequestContext
-from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TreeNode, best_paths, chains_draft, draw, load_for_target,
-                                      tree_block)
-from genspec.errors import ConfigError
+from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TRAINED_PATH, TREE_NODES, TREE_TOP_K, TreeNode, best_paths,
+                                      chains_draft, draw, load_for_target, tree_block)
 from genspec.speculators.medusa import MedusaHeads
 
 
@@ -27,10 +26,10 @@ class MedusaDrafter(Drafter):
 
     name = "medusa"
     capabilities = DrafterCapabilities(reads_target_hidden=True, draft_cost_prior=FEATURE_HEAD_COST_PRIOR)
+    options = (TRAINED_PATH, TREE_NODES, TREE_TOP_K)
 
     def __init__(self, target, heads: MedusaHeads, vocab_ids: list[int], tree_nodes: int = 0, tree_top_k: int = 4):
-        if int(tree_nodes) != tree_nodes or tree_nodes < 0 or int(tree_top_k) != tree_top_k or tree_top_k < 1:
-            raise ConfigError(f"tree_nodes must be an integer >= 0 and tree_top_k >= 1, got {tree_nodes}, {tree_top_k}")
+        self.check_options({"tree_nodes": tree_nodes, "tree_top_k": tree_top_k})
         self.tree_nodes, self.tree_top_k = int(tree_nodes), int(tree_top_k)
         # a chain is drawn from the draft law; a tree is deterministic
         self.capabilities = replace(self.capabilities, max_candidates=max(1, self.tree_nodes),

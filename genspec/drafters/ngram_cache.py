@@ -17,15 +17,23 @@ Drafts are deterministic (``probs=None``), so the engine verifies them losslessl
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from genspec.datastore import SEPARATOR, corpus_tokens
-from genspec.drafters.base import RequestContext
+from genspec.drafters.base import PATH, Option, RequestContext
 from genspec.drafters.candidates import CandidateDrafter
-from genspec.drafters.ngrams import check_ngram_range, common_prefix_length, hash_columns, hash_ngram
-from genspec.errors import ConfigError, InputFileError
+from genspec.drafters.ngrams import (MAX_NGRAM_OPTION, MIN_NGRAM_OPTION, check_ngram_range, common_prefix_length,
+                                     hash_columns, hash_ngram)
+from genspec.errors import InputFileError
+
+#: the longest n-gram counted by default
+DEFAULT_MAX_NGRAM = 4
+#: the largest process table ``max_entries`` may ask for: an entry (an n-gram and its counts) holds a few hundred
+#: bytes in Python's dicts, so about 4 GB when full
+MAX_ENTRIES = 10_000_000
 
 
 class CountTable:
@@ -195,21 +203,28 @@ class NGramCacheDrafter(CandidateDrafter):
     """
 
     name = "ngram-cache"
+    # its factory takes neither num_candidates (one chain) nor renumber: not CandidateDrafter's options
+    options = (Option("corpus", (*PATH, None)), MIN_NGRAM_OPTION, MAX_NGRAM_OPTION, Option("min_count", int, 1),
+               Option("min_ratio", float, 0.0, 1.0), Option("learn", bool), Option("namespace", (str, None)),
+               Option("static", (StaticTable, None)), Option("max_entries", int, 1, MAX_ENTRIES))
 
-    def __init__(self, min_ngram: int = 1, max_ngram: int = 4, min_count: int = 1, min_ratio: float = 0.3,
-                 learn: bool = True, namespace: str = "default", static: StaticTable | None = None,
-                 max_entries: int = 2_000_000):
-        check_ngram_range(min_ngram, max_ngram, "the n-gram cache")
-        if min_count < 1:
-            raise ConfigError(f"min_count must be >= 1, got {min_count}")
-        if not 0.0 <= min_ratio <= 1.0:
-            raise ConfigError(f"min_ratio must be in [0, 1], got {min_ratio}")
+    def __init__(self, min_ngram: int = 1, max_ngram: int = DEFAULT_MAX_NGRAM, min_count: int = 1,
+                 min_ratio: float = 0.3, learn: bool = True, namespace: str = "default",
+                 static: StaticTable | None = None, max_entries: int = 2_000_000):
+        self.check_options({"min_ngram": min_ngram, "max_ngram": max_ngram, "min_count": min_count,
+                            "min_ratio": min_ratio, "learn": learn, "namespace": namespace, "static": static,
+                            "max_entries": max_entries})
         super().__init__()
         self.min_ngram, self.max_ngram = int(min_ngram), int(max_ngram)
-        self.min_count, self.min_ratio = min_count, min_ratio
+        self.min_count, self.min_ratio = int(min_count), float(min_ratio)
         self.learn = learn
-        self.process = process_table(namespace, self.min_ngram, self.max_ngram, max_entries)
+        self.process = process_table(namespace, self.min_ngram, self.max_ngram, int(max_entries))
         self.static = static
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, object], owner: str | None = None) -> None:
+        super().check_options(options, owner)
+        check_ngram_range(options.get("min_ngram", 1), options.get("max_ngram", DEFAULT_MAX_NGRAM), "the n-gram cache")
 
     @classmethod
     def for_target(cls, target, corpus: str | None = None, namespace: str | None = None,

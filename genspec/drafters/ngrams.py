@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from genspec.drafters.base import Option
 from genspec.errors import ConfigError
+
+#: the longest n-gram an option may ask for (``max_ngram``, ``min_ngram``, ``ngram_size``, ...): an index holds, per
+#: token, an entry for every n-gram size it looks up, so its memory and each token's update grow with the sizes
+MAX_NGRAM = 32
+#: the most earlier occurrences an option may have a lookup read (``max_scan``, ``max_matches``): each step reads
+#: them all
+MAX_SCAN = 4096
+#: the n-gram sizes a lookup tries, longest first (their relation: :func:`check_ngram_range`)
+MAX_NGRAM_OPTION = Option("max_ngram", int, 1, MAX_NGRAM)
+MIN_NGRAM_OPTION = Option("min_ngram", int, 1, MAX_NGRAM)
 
 #: odd 64-bit constant (golden ratio) that spreads token ids in n-gram hashes
 HASH_MULTIPLIER = 0x9E3779B97F4A7C15
@@ -52,8 +63,10 @@ def copy_forward(tokens: list[int], start: int, count: int) -> list[int]:
 
 
 def check_ngram_range(min_ngram: int, max_ngram: int, what: str = "prompt lookup") -> None:
-    if int(min_ngram) != min_ngram or int(max_ngram) != max_ngram or min_ngram < 1 or max_ngram < min_ngram:
-        raise ConfigError(f"{what} needs integers 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+    """Refuse n-gram sizes whose shortest is longer than their longest (each size is checked by its
+    :class:`~genspec.drafters.base.Option`)."""
+    if not min_ngram <= max_ngram:
+        raise ConfigError(f"{what} needs min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
 
 
 class NGramIndex:

@@ -8,9 +8,15 @@ engine verifies them together as a token tree, losslessly.
 """
 from __future__ import annotations
 
-from genspec.drafters.base import RequestContext
+from collections.abc import Mapping
+
+from genspec.drafters.base import Option, RequestContext
 from genspec.drafters.candidates import CandidateDrafter
-from genspec.drafters.ngrams import NGramIndex, check_ngram_range, copy_forward
+from genspec.drafters.ngrams import (MAX_NGRAM_OPTION, MAX_SCAN, MIN_NGRAM_OPTION, NGramIndex, check_ngram_range,
+                                     copy_forward)
+
+#: the longest n-gram tried by default
+DEFAULT_MAX_NGRAM = 4
 
 
 class PromptLookupDrafter(CandidateDrafter):
@@ -23,12 +29,19 @@ class PromptLookupDrafter(CandidateDrafter):
     """
 
     name = "prompt-lookup"
+    options = CandidateDrafter.options + (MAX_NGRAM_OPTION, MIN_NGRAM_OPTION, Option("max_scan", int, 1, MAX_SCAN))
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, num_candidates: int = 1, max_scan: int = 64):
-        check_ngram_range(min_ngram, max_ngram)
+    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = 1, num_candidates: int = 1,
+                 max_scan: int = 64):
+        self.check_options({"max_ngram": max_ngram, "min_ngram": min_ngram, "max_scan": max_scan})
         super().__init__(num_candidates)
         self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
-        self.max_scan = max_scan
+        self.max_scan = int(max_scan)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, object], owner: str | None = None) -> None:
+        super().check_options(options, owner)
+        check_ngram_range(options.get("min_ngram", 1), options.get("max_ngram", DEFAULT_MAX_NGRAM))
 
     def new_row(self, context: RequestContext) -> NGramIndex:
         return NGramIndex(self.min_ngram, self.max_ngram)

@@ -15,14 +15,21 @@ it is the more specific text). A small datastore then adds to prompt lookup inst
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 import numpy as np
 
 from genspec.datastore import RetrievalIndex, check_index_fits
-from genspec.drafters.base import RequestContext
+from genspec.drafters.base import PATH, Option, RequestContext
 from genspec.drafters.candidates import CandidateDrafter
-from genspec.drafters.prompt_lookup import PromptLookupDrafter
+from genspec.drafters.ngrams import MAX_NGRAM_OPTION, MAX_SCAN, MIN_NGRAM_OPTION
+from genspec.drafters.prompt_lookup import DEFAULT_MAX_NGRAM, PromptLookupDrafter
 from genspec.errors import ConfigError
+
+#: the longest suffix ``max_suffix`` may ask for (each length matched is a search of the suffix array)
+MAX_SUFFIX = 1024
+#: the suffix lengths matched by default
+DEFAULT_MIN_SUFFIX, DEFAULT_MAX_SUFFIX = 2, 16
 
 
 # ------------------------------------------------------------------------------- the drafter
@@ -59,16 +66,19 @@ class RetrievalDrafter(CandidateDrafter):
     """
 
     name = "retrieval"
+    options = CandidateDrafter.options + (
+        Option("index", (*PATH, RetrievalIndex),
+               needed="a datastore: -O index=DIR (build one with: genspec index build CORPUS --out DIR)"),
+        Option("max_suffix", int, 1, MAX_SUFFIX), Option("min_suffix", int, 1, MAX_SUFFIX),
+        Option("max_matches", int, 1, MAX_SCAN), Option("context", bool), MIN_NGRAM_OPTION, MAX_NGRAM_OPTION)
 
-    def __init__(self, index: RetrievalIndex, num_candidates: int = 1, max_suffix: int = 16, min_suffix: int = 2,
-                 max_matches: int = 64, context: bool = False, min_ngram: int = 1, max_ngram: int = 4):
+    def __init__(self, index: RetrievalIndex, num_candidates: int = 1, max_suffix: int = DEFAULT_MAX_SUFFIX,
+                 min_suffix: int = DEFAULT_MIN_SUFFIX, max_matches: int = 64, context: bool = False, min_ngram: int = 1,
+                 max_ngram: int = DEFAULT_MAX_NGRAM):
+        self.check_options({"index": index, "max_suffix": max_suffix, "min_suffix": min_suffix,
+                            "max_matches": max_matches, "context": context, "min_ngram": min_ngram,
+                            "max_ngram": max_ngram})
         super().__init__(num_candidates)
-        if int(min_suffix) != min_suffix or min_suffix < 1 or max_suffix < min_suffix:
-            raise ConfigError(f"retrieval needs integers 1 <= min_suffix <= max_suffix, got {min_suffix}, {max_suffix}")
-        if max_matches < 1:
-            raise ConfigError(f"max_matches must be >= 1, got {max_matches}")
-        if not isinstance(context, bool):
-            raise ConfigError(f"context must be true or false, got {context!r}")
         self.index = index
         self.max_suffix, self.min_suffix = int(max_suffix), int(min_suffix)
         self.max_matches = int(max_matches)
@@ -77,11 +87,19 @@ class RetrievalDrafter(CandidateDrafter):
                         if context else None)
 
     @classmethod
+    def check_options(cls, options: Mapping[str, object], owner: str | None = None) -> None:
+        super().check_options(options, owner)
+        low, high = options.get("min_suffix", DEFAULT_MIN_SUFFIX), options.get("max_suffix", DEFAULT_MAX_SUFFIX)
+        if not low <= high:
+            raise ConfigError(f"retrieval needs min_suffix <= max_suffix, got {low}, {high}")
+        if options.get("context", False):  # the request's own text, searched by a prompt lookup
+            PromptLookupDrafter.check_options({k: options[k] for k in ("min_ngram", "max_ngram") if k in options},
+                                              owner or f"drafter {cls.name!r}")
+
+    @classmethod
     def for_target(cls, target, index: str | RetrievalIndex | None = None, **options) -> "RetrievalDrafter":
         """The registry's factory: ``index`` is a directory written by ``genspec index build``."""
-        if index is None:
-            raise ConfigError("drafter 'retrieval' needs a datastore: -O index=DIR "
-                              "(build one with: genspec index build CORPUS --out DIR)")
+        cls.check_options({"index": index})
         if not isinstance(index, RetrievalIndex):
             index = RetrievalIndex.load(index)
         check_index_fits(index, target)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from genspec.drafters.draft_model import DraftModelDrafter
+from genspec.drafters.base import PATH, Option
+from genspec.drafters.draft_model import CONFIDENCE_THRESHOLD, NUM_DRAFTS, DraftModelDrafter
 from genspec.errors import ConfigError, InputFileError
 from genspec.models import variants
 from genspec.models.hf import HFCausalLM
@@ -48,10 +49,18 @@ def read_vocab_file(path: str | None, vocab_size: int | None = None) -> list[int
 def read_calibration(path: str, key: str, kind: type):
     """``data[key]`` of a calibration JSON file (``genspec calibrate``), checked to be of type ``kind``."""
     try:
-        value = json.loads(Path(path).read_text())[key]
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise InputFileError(f"calibration file not found: {path}") from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except json.JSONDecodeError as exc:  # a file cut short or edited by hand: where the parser stopped
+        raise InputFileError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{path}: not a JSON file (not UTF-8 text)") from exc
+    except OSError as exc:
+        raise InputFileError(f"cannot read calibration file {path}: {exc.strerror or exc}") from exc
+    try:
+        value = data[key]
+    except (KeyError, TypeError) as exc:  # valid JSON, but not what genspec calibrate writes
         raise InputFileError(f'{path}: not a calibration file with a "{key}" entry') from exc
     if not isinstance(value, kind) or isinstance(value, bool):
         raise InputFileError(f'{path}: "{key}" must be a {kind.__name__}')
@@ -59,7 +68,10 @@ def read_calibration(path: str, key: str, kind: type):
 
 
 class _SelfDrafter(DraftModelDrafter):
-    """A draft-model drafter whose model is made from the target by :meth:`variant`."""
+    """A draft-model drafter whose model is made from the target by :meth:`variant` (a subclass adds the options
+    its variant takes)."""
+
+    options = (Option("draft_vocab_file", (*PATH, None)), CONFIDENCE_THRESHOLD, NUM_DRAFTS, Option("reuse_layers", bool))
 
     @classmethod
     def for_target(cls, target, draft_vocab_file: str | None = None, confidence_threshold: float = 0.0,
@@ -80,6 +92,7 @@ class EarlyExitDrafter(_SelfDrafter):
     quarter of the layers); ``reuse_layers=false`` makes the target recompute the first layers."""
 
     name = "early-exit"
+    options = _SelfDrafter.options + (Option("exit_layer", (int, *PATH, None), 1),)
 
     @classmethod
     def variant(cls, target, vocab_subset, exit_layer: int | str | None = None):
@@ -95,6 +108,7 @@ class LayerSkipDrafter(_SelfDrafter):
     every other middle layer)."""
 
     name = "layer-skip"
+    options = _SelfDrafter.options + (Option("skip", (list, *PATH, None), 0, item=int),)
 
     @classmethod
     def variant(cls, target, vocab_subset, skip: list[int] | str | None = None):
@@ -117,8 +131,9 @@ class QuantizedDrafter(_SelfDrafter):
         return variants.quantized(target, vocab_subset)
 
 
-#: the refusal of ``--drafter pruned`` without a plan
-PLAN_NEEDED = "drafter 'pruned' needs a pruning plan: -O path=PLAN.json (written by genspec calibrate prune)"
+#: what ``--drafter pruned`` needs, and its refusal without it
+PLAN = "a pruning plan: -O path=PLAN.json (written by genspec calibrate prune)"
+PLAN_NEEDED = f"drafter 'pruned' needs {PLAN}"
 
 
 def read_prune_plan(path: str | None, target: HFCausalLM) -> dict:
@@ -144,6 +159,7 @@ class PrunedDrafter(_SelfDrafter):
     for the target."""
 
     name = "pruned"
+    options = _SelfDrafter.options + (Option("path", PATH, needed=PLAN),)
 
     @classmethod
     def variant(cls, target, vocab_subset, path: str | None = None):

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from genspec.drafters.base import DrafterCapabilities, RequestContext
-from genspec.drafters.candidates import CandidateDrafter, check_candidates
+from genspec.drafters.base import MAX_CANDIDATES, MAX_TREE_NODES, DrafterCapabilities, Option, RequestContext
+from genspec.drafters.candidates import CandidateDrafter
 from genspec.drafters.ngram_cache import tokenizer_namespace
-from genspec.drafters.ngrams import common_prefix_length, hash_columns, hash_ngram
+from genspec.drafters.ngrams import MAX_SCAN, common_prefix_length, hash_columns, hash_ngram
 from genspec.errors import ConfigError
 
 #: token value of a document boundary in a :class:`SuffixCache` (never a real token, never matched)
@@ -58,6 +58,13 @@ ANCHORS = (12, 4, 1)
 DEFAULT_MAX_NODES = 24
 #: evidence levels: a match of m tokens is reported as the largest of these that is <= m
 MATCH_LEVELS = (1, 2, 3, 4, 6, 9, 16)
+#: the longest suffix ``max_match`` may ask for (a lookup compares that many tokens per occurrence read)
+MAX_MATCH = 1024
+#: the largest process cache ``cache_tokens`` may ask for: 28 bytes a token (its int32 tokens and one int64 chain
+#: link per anchor), so about 2.8 GB when full
+MAX_CACHE_TOKENS = 100_000_000
+#: the largest draft depth per matched token ``factor`` may ask for (the draft's depth is also at most k)
+MAX_FACTOR = 64.0
 
 
 def match_level(length: int) -> int:
@@ -337,22 +344,20 @@ class SuffixDrafter(CandidateDrafter):
     #: measured prompts: a check of SuffixDecoding's default, not a tuning; ``genspec bench --methods
     #: "suffix:k=8,suffix:k=24" --categories repeated --num-prompts 2 --repeats 2``)
     capabilities = DrafterCapabilities(free=True, default_draft_tokens=24)
+    options = CandidateDrafter.options + (
+        Option("sampled_candidates", int, 1, MAX_CANDIDATES), Option("max_nodes", int, 1, MAX_TREE_NODES),
+        Option("min_prob", float, 0.0, 1.0), Option("factor", float, 0.0, MAX_FACTOR, low_open=True),
+        Option("max_match", int, 1, MAX_MATCH), Option("max_scan", int, 1, MAX_SCAN),
+        Option("cache_tokens", int, 16, MAX_CACHE_TOKENS), Option("learn", bool), Option("namespace", (str, None)))
 
     def __init__(self, num_candidates: int = 2, sampled_candidates: int = 4, max_nodes: int = DEFAULT_MAX_NODES,
                  min_prob: float = 0.1, factor: float = 2.0, max_match: int = 32, max_scan: int = 256,
                  cache_tokens: int = 1_000_000, learn: bool = True, namespace: str = "default"):
-        check_candidates(sampled_candidates)
+        self.check_options({"num_candidates": num_candidates, "sampled_candidates": sampled_candidates,
+                            "max_nodes": max_nodes, "min_prob": min_prob, "factor": factor, "max_match": max_match,
+                            "max_scan": max_scan, "cache_tokens": cache_tokens, "learn": learn,
+                            "namespace": namespace})
         super().__init__(max(int(num_candidates), int(sampled_candidates)))
-        check_candidates(num_candidates)
-        for name, value, low in (("max_nodes", max_nodes, 1), ("max_match", max_match, 1), ("max_scan", max_scan, 1)):
-            if int(value) != value or value < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {value}")
-        if not 0.0 <= min_prob <= 1.0:
-            raise ConfigError(f"min_prob must be in [0, 1], got {min_prob}")
-        if not factor > 0:
-            raise ConfigError(f"factor must be > 0, got {factor}")
-        if not isinstance(learn, bool):
-            raise ConfigError(f"learn must be true or false, got {learn!r}")
         self.greedy_leaves, self.sampled_leaves = int(num_candidates), int(sampled_candidates)
         self.max_nodes, self.min_prob, self.factor = int(max_nodes), float(min_prob), float(factor)
         self.max_match, self.max_scan = int(max_match), int(max_scan)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from genspec.drafters.base import Draft, RequestContext, draw_tokens
+from genspec.drafters.base import MAX_CANDIDATES, MAX_TREE_NODES, PATH, Draft, Option, RequestContext, draw_tokens
 from genspec.errors import ConfigError
 from genspec.models.hf import HFCausalLM
-from genspec.sampling import process_logits, seen_mask
+from genspec.sampling import TokenHistory, process_logits
 from genspec.speculators.store import load_head, target_fingerprint
 
 
@@ -17,6 +17,11 @@ from genspec.speculators.store import load_head, target_fingerprint
 #: engine measures it (:attr:`genspec.drafters.base.DrafterCapabilities.draft_cost_prior`): one small layer or a few
 #: residual blocks and a truncated head cost a few hundredths of a plain step; 0.1 errs on the dear side
 FEATURE_HEAD_COST_PRIOR = 0.1
+#: the options of a drafter on the target's features: its directory (default: the one shipped for the embedded
+#: model), its tree's node budget (0: a chain) and the tokens each node is expanded into
+TRAINED_PATH = Option("path", (*PATH, None))
+TREE_NODES = Option("tree_nodes", int, 0, MAX_TREE_NODES)
+TREE_TOP_K = Option("tree_top_k", int, 1, MAX_CANDIDATES)
 
 
 def draw(subset_logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, contexts: list[RequestContext],
@@ -27,12 +32,12 @@ def draw(subset_logits: torch.Tensor, vocab: torch.Tensor, vocab_size: int, cont
     and returned so the verifier can apply its rule. ``previous``: each row's tokens
     so far (for the repetition penalty); ``drawing``: which rows draw (their random streams advance)."""
     sampling = [c.sampling for c in contexts]
-    penalised = any(s.repetition_penalty != 1.0 for s in sampling)
-    if all(s.greedy for s in sampling) and not penalised:
+    if all(s.greedy and not s.reads_history and not s.logit_bias for s in sampling):
         return None, vocab[subset_logits.argmax(-1)]
     logits = subset_logits.new_full((len(contexts), vocab_size), -torch.inf)
     logits[:, vocab] = subset_logits
-    law = process_logits(logits, sampling, seen_mask(previous, vocab_size) if penalised else None)
+    law = process_logits(logits, sampling, TokenHistory.of(previous, [len(c.prompt) for c in contexts], sampling,
+                                                           vocab_size))
     positions = [len(seq) - len(c.prompt) for seq, c in zip(previous, contexts)]
     return law, draw_tokens(law, contexts, positions, drawing)
 
@@ -105,12 +110,18 @@ def best_paths(nodes: list[TreeNode], budget: int, first: int = 0) -> list[list[
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "speculators"
 
 
+def require_hf_target(target, drafter: str) -> None:
+    """Refuse a target whose hidden states no drafter can read (only the torch backend's models give them),
+    naming ``drafter``: the drafter asked for, which may hold a trained one (the hybrid holds a head)."""
+    if not isinstance(target, HFCausalLM):
+        raise ConfigError(f"drafter {drafter!r} needs a Hugging Face target model on the torch backend "
+                          "(--backend torch): it reads the target's hidden states")
+
+
 def load_for_target(target, path: str | None, kind: str):
     """``(module, vocab_ids)`` of the trained ``kind`` at ``path`` (default: the one shipped for the
     embedded model), checked against ``target`` by its fingerprint."""
-    if not isinstance(target, HFCausalLM):
-        raise ConfigError(f"drafter {kind!r} needs a Hugging Face target model on the torch backend (--backend torch): "
-                          "it reads the target's hidden states")
+    require_hf_target(target, kind)
     fingerprint = target_fingerprint(target)
     if path is None:
         shipped = SHIPPED / kind

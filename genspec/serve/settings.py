@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from genspec.api import check_drafters
 from genspec.errors import ConfigError
 from genspec.serve.security import ServeSecurity
 
@@ -59,6 +60,8 @@ class ServerSettings:
             raise ConfigError(f"--max-body-bytes must be >= 1, got {self.max_body_bytes}")
         if self.chat_max_tokens < 1:
             raise ConfigError(f"chat_max_tokens must be >= 1, got {self.chat_max_tokens}")
+        # the drafters and their options as genspec.load will build them: refused here, before a replica starts
+        check_drafters(self.drafter, self.draft_model, self.drafter_options, self.extra_drafters)
 
     @property
     def model_name(self) -> str:
