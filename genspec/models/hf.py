@@ -28,6 +28,7 @@ from safetensors import SafetensorError
 
 from genspec.errors import ConfigError, ContextLengthError, InputFileError
 from genspec.kernels import KernelTuner, LMHead, PackedWeight, needs_grad, packable, weight_times_rows, worth_tuning
+from genspec.models import gguf_file
 from genspec.models.base import CausalLM, PrefixKV
 
 # transformers is imported where it is used: `import genspec` would otherwise spend 3 s on it
@@ -173,6 +174,9 @@ class HFCausalLM(CausalLM):
         hf_logging.set_verbosity_error()
         torch_dtype, device = parse_dtype(dtype), parse_device(device)
         path = Path(path)
+        if gguf_file.is_gguf(path) and path.is_file():
+            raise InputFileError(f"{path} is a GGUF file: transformers runs a model directory with config.json and "
+                                 "weights (a GGUF target runs on the llamacpp backend: --backend llamacpp)")
         if not path.is_dir() or not (path / "config.json").is_file():
             raise InputFileError(f"no model at {path}: expected a directory with config.json and weights")
         try:  # SafetensorError: a truncated or overwritten weights file

@@ -26,6 +26,7 @@ import torch
 
 from genspec.errors import ConfigError, InputFileError
 from genspec.models.base import CausalLM, PrefixKV
+from genspec.models.gguf_file import check_complete
 
 #: tokens per row (prompt + generated) unless asked otherwise: the KV cache holds ``max_rows`` of them, in
 #: float16 for every layer (the full-size sliding-window cache): 18 KB a token on the embedded Gemma 3 270M
@@ -93,6 +94,7 @@ class LlamaCppLM(CausalLM):
         path = Path(path)
         if not path.is_file():
             raise InputFileError(f"no GGUF model at {path}")
+        check_complete(path)  # a cut-short file named as such, not by llama.cpp's failure to load it
         self._llama = llama_cpp
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0 if str(device) == "cpu" else -1
@@ -176,6 +178,7 @@ class LlamaCppLM(CausalLM):
         path = Path(path)
         if not path.is_file():
             raise InputFileError(f"no GGUF model at {path}")
+        check_complete(path)  # before the tokenizer, whose reader fails on a cut-short file with its own error
         if tokenizer is None:
             tokenizer = gguf_tokenizer(path)
         return cls(path, tokenizer, **options)
