@@ -18,7 +18,7 @@ import numpy as np
 
 from genspec.dirs import move_into_place, staging_directory
 from genspec.errors import ConfigError, InputFileError
-from genspec.textfiles import read_utf8_text
+from genspec.textfiles import check_output_dir, read_utf8_text, some_names
 
 #: token id that separates documents in the datastore (never a real token, never matched)
 SEPARATOR = 0xFFFFFFFF
@@ -276,31 +276,23 @@ def _is_index(directory: Path) -> bool:
     return isinstance(meta, dict) and meta.get("format") == INDEX_FORMAT
 
 
-def _some(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
 def check_index_destination(directory: str | Path, force: bool = False) -> None:
     """Raise :class:`InputFileError` unless an index may be written to ``directory``: it does not exist,
     is empty, or (with ``force``) holds a genspec retrieval index and nothing else. A directory with
-    other files is never replaced: they would be lost."""
+    other files is never replaced, not even with ``force``: the index replaces the whole directory, and
+    they would be lost. The rest is the check every command's output directory gets
+    (:func:`genspec.textfiles.check_output_dir`)."""
     directory = Path(directory)
-    if not directory.exists():
-        return
-    if not directory.is_dir():
-        raise InputFileError(f"--out {directory} is a file; give a directory")
-    entries = sorted(p.name for p in directory.iterdir())
-    if not entries:
-        return
-    others = [name for name in entries if name not in INDEX_FILES]
-    if not _is_index(directory):
-        raise InputFileError(f"--out {directory} is not empty and is not a genspec retrieval index (it holds "
-                             f"{_some(entries)}); give a new or empty directory")
-    if others:
-        raise InputFileError(f"--out {directory} holds a retrieval index and other files ({_some(others)}); not "
-                             f"replacing it: give a new or empty directory")
-    if not force:
-        raise InputFileError(f"--out {directory} already holds a retrieval index; pass --force to replace it")
+    entries = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+    if entries:
+        if not _is_index(directory):
+            raise InputFileError(f"--out {directory} is not empty and is not a genspec retrieval index (it holds "
+                                 f"{some_names(entries)}); give a new or empty directory")
+        others = [name for name in entries if name not in INDEX_FILES]
+        if others:
+            raise InputFileError(f"--out {directory} holds a retrieval index and other files ({some_names(others)}); "
+                                 f"not replacing it: give a new or empty directory")
+    check_output_dir(directory, force, create=False)
 
 
 def read_index_files(directory: str | Path) -> tuple[dict, np.ndarray, np.ndarray]:

@@ -1,5 +1,6 @@
 """The files users hand to genspec: text to read (corpora, edit sources, standard input: UTF-8 or a clear
-one-line error), and output files checked writable before any slow work."""
+one-line error), and output files and directories checked before any slow work: writable, and never
+overwriting an earlier result unless the command's ``--force`` says so."""
 from __future__ import annotations
 
 import tempfile
@@ -34,16 +35,55 @@ def decode_utf8(data: bytes, source: str, hint: str = "") -> str:
                              + (f"; {hint}" if hint else "")) from exc
 
 
-def check_output_file(path: str | Path, what: str = "output file") -> None:
+def some_names(names: list[str]) -> str:
+    """The first few of ``names`` for a one-line message: ``a, b, c and 4 more``."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_output_file(path: str | Path, what: str = "output file", force: bool = False) -> None:
     """Make sure ``path`` can be written (its directory is created if missing) before the work that
     produces it starts: a directory in its place, a file in the way of its directory or a read-only
-    directory raise :class:`InputFileError` now, not after minutes of work. Nothing is written to it."""
+    directory raise :class:`InputFileError` now, not after minutes of work. A file already there that is
+    not empty is an earlier result: refused unless ``force`` (the command's ``--force``). Nothing is
+    written to it."""
     path = Path(path)
     if path.is_dir():
         raise InputFileError(f"{what} {path} is a directory; give a file name")
+    if not force and path.is_file() and path.stat().st_size > 0:
+        raise InputFileError(f"{what} {path} already exists; pass --force to overwrite it, or give another file name")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".genspec-write-test-"):
             pass
     except OSError as exc:
         raise InputFileError(f"cannot write {what} {path}: {exc.strerror or exc}") from exc
+
+
+def check_output_dir(directory: str | Path, force: bool = False, what: str = "--out", *, create: bool = True,
+                     instead: str = "") -> None:
+    """The check of every command that writes its results into a directory, before any model loads or
+    work starts: ``directory`` must be new or empty, or ``force`` given (the command's ``--force``: its
+    files are then written over those of the same name; other files stay). A directory that holds files
+    is an earlier result, which a run would overwrite. A file in its place raises too; with ``create``
+    the directory is made and a file written and removed in it, so a directory that cannot be written
+    fails now rather than after the work. ``instead`` adds the command's other way out to the refusal
+    (", or --resume to continue its training"). Every refusal is one :class:`InputFileError` line."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise InputFileError(f"{what} {directory} is a file; give a directory")
+    if not force and directory.is_dir():
+        try:
+            entries = sorted(p.name for p in directory.iterdir())
+        except OSError as exc:
+            raise InputFileError(f"cannot read output directory {directory}: {exc.strerror or exc}") from exc
+        if entries:
+            raise InputFileError(f"{what} {directory} exists and is not empty (it holds {some_names(entries)}); "
+                                 f"give a new or empty directory, or pass --force to overwrite its files{instead}")
+    if not create:
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".genspec-write-test-"):
+            pass
+    except OSError as exc:
+        raise InputFileError(f"cannot write to output directory {directory}: {exc.strerror or exc}") from exc

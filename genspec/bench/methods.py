@@ -1,6 +1,6 @@
 """What ``genspec bench --methods`` accepts, parsed and checked before any model is loaded.
 
-Syntax: a comma-separated list of ``NAME[:KEY=VALUE[:KEY=VALUE...]]``.
+Syntax: a comma-separated list of ``NAME[:KEY=VALUE[:KEY=VALUE...]]``, each method once, no item empty.
 
 - NAME is a genspec drafter (``prompt-lookup``, ``quantized``, ``hierarchical``, ... see
   :data:`genspec.drafters.registry.DRAFTERS`) or a Hugging Face baseline (:data:`HF_METHODS`).
@@ -62,8 +62,9 @@ class MethodSpec:
                 "config_overrides": dict(self.config_overrides)}
 
 
-def split_top_level(text: str, sep: str = ",") -> list[str]:
-    """Split on ``sep`` outside brackets (so ``skip=[3,5,7]`` stays whole); strips blanks."""
+def split_top_level(text: str, sep: str = ",", keep_empty: bool = False) -> list[str]:
+    """Split on ``sep`` outside brackets (so ``skip=[3,5,7]`` stays whole); strips blanks, and drops the
+    empty parts unless ``keep_empty`` (for syntax that refuses them)."""
     parts, depth, current = [], 0, []
     for char in text:
         if char in "[{(":
@@ -76,7 +77,7 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
         else:
             current.append(char)
     parts.append("".join(current).strip())
-    return [p for p in parts if p]
+    return parts if keep_empty else [p for p in parts if p]
 
 
 def _value(text: str):
@@ -91,7 +92,9 @@ def _value(text: str):
 def parse_method(text: str, draft_model: str | None = None, backend: str = "torch") -> MethodSpec:
     """One method spec for a run on ``backend`` (``torch`` or ``llamacpp``); raises :class:`ConfigError`
     with a one-line reason when it is not valid."""
-    head, *option_texts = split_top_level(text, ":")
+    head, *option_texts = split_top_level(text, ":", keep_empty=True)
+    if "" in option_texts:  # "name:" or "name::k=4": a colon with no option after it
+        raise ConfigError(f"method {text!r}: an empty option after ':'; options look like NAME:KEY=VALUE")
     name = head.strip()
     options, overrides = {}, {}
     for option in option_texts:
@@ -157,8 +160,20 @@ def _check_hf_options(text: str, options: dict) -> None:
 def parse_methods(text: str, draft_model: str | None = None, backend: str = "torch") -> list[MethodSpec]:
     """The methods to benchmark on ``backend``, with genspec ``plain`` first and the backend's reference
     (:data:`REFERENCES`: ``hf-plain`` or ``llamacpp-plain``) second (both always run: every speedup is
-    reported against each) and no duplicates."""
-    specs = [parse_method(part, draft_model=draft_model, backend=backend) for part in split_top_level(text or "")]
+    reported against each) and no duplicates. The list must name at least one method, each once: an
+    empty list or item (``""``, ``","``, ``"a,,b"``) and a method named twice are refused, since each is a
+    typo that would otherwise run fewer methods than asked."""
+    parts = split_top_level(text or "", keep_empty=True)
+    if not any(parts):
+        raise ConfigError(f"--methods is empty (got {text!r}); name at least one method, e.g. prompt-lookup")
+    if not all(parts):
+        raise ConfigError(f"--methods {text!r} has an empty item; separate methods with single commas")
+    specs = [parse_method(part, draft_model=draft_model, backend=backend) for part in parts]
+    seen = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise ConfigError(f"--methods {text!r} names {spec.name!r} twice; name each method once")
+        seen.add(spec.name)
     reference = REFERENCES[backend]
     ordered = [MethodSpec(PLAIN, "genspec", "none"),
                MethodSpec(reference, "hf" if reference == HF_PLAIN else "llamacpp", reference)]

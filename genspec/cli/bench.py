@@ -28,7 +28,9 @@ from genspec.bench.prompts import ALL_CATEGORIES, CATEGORIES, load_spec_bench
 from genspec.bench.report import format_match, format_number
 from genspec.bench.run import execute, read_results, write_outputs
 from genspec.cli.options import add_options
+from genspec.drafters.registry import check_draft_model
 from genspec.errors import ConfigError, InputFileError
+from genspec.textfiles import check_output_dir
 
 #: the methods of a run by backend (plain and the backend's reference baseline always run too)
 DEFAULT_METHODS = {"torch": "prompt-lookup,quantized,hierarchical:levels=prompt-lookup+quantized,hf-prompt-lookup,"
@@ -89,7 +91,10 @@ def add_parser(subparsers) -> None:
     bench.add_argument("--sweep-method", metavar="METHOD",
                        help="the genspec method of the k sweep (default: the first genspec method)")
     bench.add_argument("--sweep-prompts", type=int, metavar="N", help="prompts in the k sweep (default 2)")
-    bench.add_argument("--out", metavar="DIR", help="output directory (default bench_results)")
+    bench.add_argument("--out", metavar="DIR",
+                       help="output directory, new or empty unless --force (default bench_results)")
+    bench.add_argument("--force", action="store_true",
+                       help="write into --out even if it holds files (an earlier run's are overwritten)")
     bench.add_argument("--raw", action="store_true",
                        help="also keep each call's generated token ids and per-step (drafted, accepted) counts in "
                             "results.json (several MB for a full run; the report does not need them)")
@@ -136,6 +141,7 @@ def resolve_settings(args) -> dict:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    check_draft_model(args.draft_model)
     if args.draft_model is not None and not Path(args.draft_model).is_dir():
         raise InputFileError(f"no draft model at {args.draft_model}: expected a directory")
 
@@ -168,17 +174,6 @@ def resolve_settings(args) -> dict:
             "k_sweep": sweep_ks, "sweep_method": sweep_method, "sweep_prompts": pick["sweep_prompts"],
             "out": Path(args.out or "bench_results"), "raw": args.raw, "quick": args.quick, "dtype": args.dtype, "threads": args.threads,
             "default_method": "prompt-lookup" if any(m.name == "prompt-lookup" for m in methods) else None}
-
-
-def check_output_dir(out: Path) -> None:
-    """Create ``out`` and make sure files can be written there (before any model is loaded)."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".genspec-bench-write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise InputFileError(f"cannot write to output directory {out}: {exc.strerror or exc}") from exc
 
 
 def command_line(s: dict) -> str:
@@ -215,7 +210,7 @@ def run_bench(args) -> int:
     if args.report_from:
         return rebuild_report(args, console)
     settings = resolve_settings(args)
-    check_output_dir(settings["out"])
+    check_output_dir(settings["out"], args.force)  # an earlier run's results are never overwritten unasked
 
     prompts = load_spec_bench(settings["categories"], settings["num_prompts"], settings["skip_prompts"])
     started = time.perf_counter()
@@ -238,7 +233,8 @@ def rebuild_report(args, console) -> int:
     results = read_results(source)
     check_results(results, source)  # every field the report reads, before anything is written
     out = Path(args.out) if args.out else source.parent
-    check_output_dir(out)
+    # the results' own directory is where their report is rebuilt; any other holding files needs --force
+    check_output_dir(out, args.force or out.resolve() == source.parent.resolve())
     results.pop("summary", None)
     # the records are written back as they were read, compressed if they were
     written = write_outputs(results, out, name="results.json.gz" if source.name.endswith(".gz") else "results.json")

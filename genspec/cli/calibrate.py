@@ -40,13 +40,17 @@ def add_parser(subparsers) -> None:
     for name, helptext in (("early-exit", "pick the exit layer"), ("layer-skip", "pick the layers to skip")):
         p = sub.add_parser(name, help=helptext)
         add_options(p, "model", model={"help": None})
-        p.add_argument("--out", required=True, help="JSON file to write")
+        p.add_argument("--out", required=True, help="JSON file to write (new unless --force)")
+        p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
         add_options(p, "num_draft_tokens", num_draft_tokens={"default": 4, "metavar": None, "help": None})
         p.add_argument("--tokens", type=int, default=48, help="calibration tokens generated per prompt")
         p.set_defaults(func=run_search)
     p = sub.add_parser("prune", help="pick the heads, MLP channels and layers a pruned copy keeps")
     add_options(p, "model", model={"help": None})
-    p.add_argument("--out", required=True, help="JSON file to write (the plan: -O path=FILE)")
+    p.add_argument("--out", required=True, help="JSON file to write (the plan: -O path=FILE), new unless --force")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite --out and the files beside it (healed weights, a healing checkpoint: the "
+                        "healing starts over)")
     p.add_argument("--keep", type=float, default=0.5,
                    help="share of attention heads and of MLP channels kept in each layer, in (0, 1]")
     p.add_argument("--keep-layers", type=float, default=1.0, help="share of layers kept, in (0, 1]")
@@ -70,7 +74,8 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run_prune)
     p = sub.add_parser("draft-vocab", help="most frequent tokens, for a truncated-vocabulary draft head")
     add_options(p, "model", model={"help": None})
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="JSON file to write (new unless --force)")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--size", type=int, default=32768)
     p.add_argument("--corpus", action="append", default=[], metavar="FILE", help="text file(s) to count")
     p.set_defaults(func=run_draft_vocab)
@@ -81,7 +86,7 @@ def run_search(args) -> int:
     k = args.num_draft_tokens
     if k < 1:  # before the (slow) model load
         raise ConfigError(f"num_draft_tokens must be >= 1, got {k}")
-    check_output_file(args.out, "--out file")
+    check_output_file(args.out, "--out file", args.force)
     target = genspec.load_model(args.model, backend="torch")
     search, key = (search_early_exit, "exit_layer") if args.what == "early-exit" else (search_layer_skip, "skip")
     with console.status("") as status:
@@ -111,12 +116,17 @@ def run_prune(args) -> int:
     checkpoint, weights = _prune_files(args.out)
     state = None
     if args.resume:
+        if args.force:
+            raise ConfigError("--resume and --force exclude each other: continue the healing run, or start over")
         if not args.heal_steps:
             raise ConfigError("--resume continues a healing run: give its --heal-steps")
         state = read_checkpoint(checkpoint)
-    elif args.heal_steps and checkpoint.exists():
-        raise ConfigError(f"{checkpoint} exists: pass --resume to continue that healing run, or delete it")
-    check_output_file(args.out, "--out file")
+    elif args.heal_steps and checkpoint.exists() and not args.force:
+        raise ConfigError(f"{checkpoint} exists: pass --resume to continue that healing run, or --force to start over")
+    # a resumed run writes over its own plan and weights; a new one over nobody's unless --force
+    check_output_file(args.out, "--out file", args.force or args.resume)
+    if args.heal_steps:
+        check_output_file(weights, "healed weights file", args.force or args.resume)
     target = genspec.load_model(args.model, backend="torch")
     if not isinstance(target, HFCausalLM):
         raise ConfigError("genspec calibrate prune needs a Hugging Face model directory (it prunes the weights)")
@@ -171,7 +181,7 @@ def run_draft_vocab(args) -> int:
     if args.size < 1:  # everything is checked before the (slow) model load
         raise ConfigError(f"--size must be >= 1, got {args.size}")
     texts = read_corpus_files(args.corpus)
-    check_output_file(args.out, "--out file")
+    check_output_file(args.out, "--out file", args.force)
     target = genspec.load_model(args.model, backend="torch")
     vocab = draft_vocabulary(target, args.size, texts=texts or None)
     _write_json(args.out, vocab)

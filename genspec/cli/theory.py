@@ -13,6 +13,7 @@ from pathlib import Path
 from genspec import strict_json
 from genspec.cli import finite_float, float_list
 from genspec.errors import ConfigError, InputFileError
+from genspec.textfiles import check_output_dir, check_output_file
 from genspec.theory import leviathan, optimality, pareto
 from genspec.theory.budget import check, total
 from genspec.theory.chains import load_chain, random_chain, save_chain
@@ -35,7 +36,9 @@ def add_parser(subparsers) -> None:
     chain.add_argument("--vocab", "-V", type=int, required=True, metavar="V", help="number of symbols")
     chain.add_argument("--horizon", "-T", type=int, required=True, metavar="T", help="generated tokens")
     chain.add_argument("--seed", type=int, default=0)
-    chain.add_argument("--out", required=True, metavar="FILE", help="output JSON file ('-' = standard output)")
+    chain.add_argument("--out", required=True, metavar="FILE",
+                       help="output JSON file, new unless --force ('-' = standard output)")
+    chain.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     chain.set_defaults(func=run_random_chain)
 
     rej = sub.add_parser("rejections", help="exact E[N_rej] (Thm 1 / Thm 3 / multidraft DP), optionally simulated")
@@ -91,7 +94,9 @@ def add_parser(subparsers) -> None:
     opt.set_defaults(func=run_optimality)
 
     fig = sub.add_parser("figures", help="write the paper's figures as PNG files")
-    fig.add_argument("--out", required=True, metavar="DIR")
+    fig.add_argument("--out", required=True, metavar="DIR", help="directory of the PNG files, new or empty unless --force")
+    fig.add_argument("--force", action="store_true",
+                     help="write into --out even if it holds files (earlier figures are overwritten)")
     fig.add_argument("--runs", type=int, default=100_000, help="simulated runs per curve (default 100000)")
     fig.add_argument("--seed", type=int, default=0, help="seed of the random pair and of the simulations")
     fig.add_argument("--vocab", "-V", type=int, default=7)
@@ -120,6 +125,8 @@ def _finite_or_none(value: float):
 
 
 def run_random_chain(args) -> int:
+    if args.out != "-":
+        check_output_file(args.out, "--out file", args.force)
     chain = random_chain(args.vocab, args.horizon, args.seed)
     if args.out == "-":
         print(strict_json.dumps(chain.to_json_dict()))
@@ -307,6 +314,7 @@ def run_figures(args) -> int:
     chain = None
     if args.chain:
         chain = load_chain(args.chain)
+    check_output_dir(args.out, args.force, create=False)  # made by make_figures, once its sizes pass
     settings = FigureSettings(out_dir=Path(args.out), runs=args.runs, seed=args.seed, vocab=args.vocab,
                               horizon=args.horizon, chain=chain)
     paths = make_figures(settings, show_progress=not args.no_progress)

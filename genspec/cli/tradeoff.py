@@ -18,11 +18,11 @@ from genspec.bench.prompts import encode_prompt
 from genspec.bench.run import machine_info
 from genspec.bench.winrate import load_scorer
 from genspec.cli import float_list
-from genspec.cli.bench import check_output_dir
 from genspec.cli.options import add_options, parse_option
 from genspec.engine import GenerationConfig
 from genspec.errors import ConfigError
 from genspec.interrupts import stoppable
+from genspec.textfiles import check_output_dir
 
 
 def add_parser(subparsers) -> None:
@@ -64,7 +64,10 @@ def add_parser(subparsers) -> None:
                              "default), a local reward-model directory, or MODULE:FUNCTION")
     parser.add_argument("--no-win-rate", action="store_true", help="skip the WinRate scoring")
     add_options(parser, "dtype")
-    parser.add_argument("--out", metavar="DIR", help="write results.json, report.md and tradeoff.png here")
+    parser.add_argument("--out", metavar="DIR",
+                        help="write results.json, report.md and tradeoff.png here (new or empty unless --force)")
+    parser.add_argument("--force", action="store_true",
+                        help="write into --out even if it holds files (an earlier run's are overwritten)")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per setting")
     parser.set_defaults(func=run_tradeoff)
 
@@ -90,7 +93,7 @@ def run_tradeoff(args) -> int:
     options = dict(parse_option(o) for o in args.drafter_option)
     out = Path(args.out) if args.out else None
     if out is not None:
-        check_output_dir(out)
+        check_output_dir(out, args.force)
     if args.drafter == "none":
         raise ConfigError("--drafter none drafts nothing: there is no acceptance rule to measure")
 
