@@ -5,7 +5,8 @@
 - ``speculation``: :class:`Speculation` (drafter, its per-request options, draft depth, draft-length policy);
 - ``acceptance_rule``: the :class:`~genspec.acceptance.Rule`, or with ``auto_rule`` the engine's choice at
   admission (:meth:`GenerationConfig.resolved`);
-- ``seed`` and ``measure_bias``, which concern several parts.
+- ``seed``, ``measure_bias`` and ``logprobs`` (report the target's log-probabilities of the generated tokens),
+  which concern several parts.
 
 Users call the flat keyword constructor, ``GenerationConfig(max_new_tokens=32, temperature=0.7, rule="typical",
 epsilon=0.09)``, and read the flat names back (``config.temperature``); closed sets of values are enums that
@@ -24,6 +25,8 @@ from genspec.errors import ConfigError
 from genspec.sampling import SamplingConfig
 
 AUTO = "auto"  # GenerationConfig's rule: the engine picks the rule (GenerationConfig.resolved)
+#: the most alternatives a request may ask log-probabilities of at each position (OpenAI's chat API's limit)
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,9 @@ class GenerationConfig:
     no longer has the target's law (:attr:`lossless` False, reported in the stats). Lossy rules need
     sampling (temperature > 0): greedy decoding is exact token matching. ``measure_bias``: record the
     rule's exact bias and rejection per judged draft position (``genspec.theory.pareto``; chain drafts
-    only, temperature > 0).
+    only, temperature > 0). ``logprobs``: None, or report with each generated token the target's
+    log-probability of it and of the ``logprobs`` most likely tokens there (0: the token's alone; at most
+    :data:`MAX_TOP_LOGPROBS`), :class:`~genspec.records.TokenLogprob`.
 
     Takes the flat keywords of its parts (``max_new_tokens``, ``temperature``, ``rule``, ``epsilon``, ...,
     read back under the same names) and/or the parts themselves; a flat keyword overrides its part's value
@@ -108,14 +113,16 @@ class GenerationConfig:
     auto_rule: bool
     seed: int | None
     measure_bias: bool
+    logprobs: int | None
 
     def __init__(self, *, sampling: SamplingConfig | None = None, stopping: Stopping | None = None,
                  speculation: Speculation | None = None, acceptance_rule: Rule | None = None,
-                 auto_rule: bool | None = None, seed: int | None = None, measure_bias: bool = False, **settings):
+                 auto_rule: bool | None = None, seed: int | None = None, measure_bias: bool = False,
+                 logprobs: int | None = None, **settings):
         unknown = sorted(set(settings) - set(_PART_OF) - set(_RULE_SETTINGS))
         if unknown:
             raise ConfigError(f"unknown generation setting(s) {', '.join(unknown)}; GenerationConfig takes "
-                              f"{', '.join([*_PART_OF, *_RULE_SETTINGS, 'seed', 'measure_bias'])}")
+                              f"{', '.join([*_PART_OF, *_RULE_SETTINGS, 'seed', 'measure_bias', 'logprobs'])}")
         parts = {"sampling": sampling or SamplingConfig(), "stopping": stopping or Stopping(),
                  "speculation": speculation or Speculation()}
         for part, names in _PARTS.items():
@@ -126,6 +133,9 @@ class GenerationConfig:
         self.acceptance_rule, self.auto_rule = _acceptance(acceptance_rule, auto_rule, settings)
         self.seed = None if seed is None else integer("seed", seed, minimum=0)  # NumPy's SeedSequence takes ints >= 0
         self.measure_bias = measure_bias
+        if logprobs is not None and integer("logprobs", logprobs, minimum=0) > MAX_TOP_LOGPROBS:
+            raise ConfigError(f"logprobs must be at most {MAX_TOP_LOGPROBS}, got {logprobs}")
+        self.logprobs = None if logprobs is None else int(logprobs)
         if measure_bias and self.acceptance_rule.kind is RuleKind.COUPLED:
             raise ConfigError("bias measurement needs the overaccept or typical rule (the coupled rule is "
                               "lossless and its rejection has no closed form)")

@@ -30,7 +30,7 @@ from genspec.acceptance.rules import Verdict, verify
 from genspec.checks import integer
 from genspec.config import GenerationConfig, with_overrides  # noqa: F401 (GenerationConfig: re-exported)
 from genspec.draft_length import AcceptanceMemory, CostModel, DraftCost, RowPlan, decide
-from genspec.drafters.base import DEFAULT_DRAFT_TOKENS, Draft, Drafter, DraftOffer, RequestContext
+from genspec.drafters.base import DEFAULT_DRAFT_TOKENS, Draft, Drafter, DraftOffer, RequestContext, check_options
 from genspec.drafting import unusable_rows
 from genspec.errors import ConfigError, GenerationError, GenspecError, NumericalError
 from genspec.kernels import most_likely
@@ -38,7 +38,7 @@ from genspec.models.base import CausalLM
 # the records are part of the engine's API: ``from genspec.engine import StepRecord`` keeps working
 from genspec.records import RequestResult, RequestStats, RequestStep, StepRecord, visible_text  # noqa: F401
 from genspec.requests import (Group, Request, by_drafter, check_prompt, encode_prompts, hidden_layers_of,
-                              own_hidden)
+                              kept_logprobs, own_hidden)
 from genspec.sampling import target_law
 from genspec.theory.pareto import chain_step_statistics
 
@@ -101,13 +101,17 @@ class SpeculativeEngine:
                               f"{', '.join([NO_DRAFTER, *self.drafters])}")
         drafter = self.drafters.get(name)
         capabilities = drafter.capabilities if drafter is not None else None
-        unknown = set(config.drafter_options) - set(capabilities.request_options if drafter else ())
-        if unknown:
-            raise ConfigError(f"drafter {name!r} takes no per-request option(s) {', '.join(sorted(unknown))}")
+        # names and values, by the drafter's declarations (a value it would only refuse once the request started)
+        check_options(capabilities.request_options if drafter else (), config.drafter_options, f"drafter {name!r}",
+                      "per-request option")
         if config.measure_bias and drafter is not None and capabilities.max_candidates > 1:
             raise ConfigError(f"bias is measured on chain drafts only; drafter {name!r} drafts trees of up to "
                               f"{capabilities.max_candidates} candidates")
         prompt_ids = check_prompt(self.target, prompt_ids)
+        outside = [token for token, _ in config.sampling.logit_bias if token >= self.target.vocab_size]
+        if outside:
+            raise ConfigError(f"logit_bias token id {outside[0]} is not in the model's vocabulary "
+                              f"[0, {self.target.vocab_size})")
         config = config.resolved(drafter is not None and capabilities.samples_drafts,
                                  capabilities.default_draft_tokens if drafter is not None else DEFAULT_DRAFT_TOKENS)
         eos = set(config.eos_token_ids if config.eos_token_ids is not None else self.target.eos_token_ids)
@@ -180,6 +184,7 @@ class SpeculativeEngine:
             raise ConfigError("no prompts given")
         ids = self._add_own([(p, config, i) for i, p in enumerate(prompts)])
         tokens: dict[int, list[int]] = {i: [] for i in ids}
+        logprobs: dict[int, list] = {i: [] for i in ids}
         finished: dict[int, RequestStep] = {}
         try:
             while len(finished) < len(ids):
@@ -188,13 +193,15 @@ class SpeculativeEngine:
                 for i in ids:
                     for step in self._read(i) if i not in finished else ():
                         tokens[i].extend(step.new_tokens)
+                        logprobs[i].extend(step.logprobs or ())
                         if step.finish_reason is not None:
                             finished[i] = step
         finally:
             self._disown([i for i in ids if i not in finished])
         return [RequestResult(tokens[i], finished[i].stats, finished[i].finish_reason,
                               visible_text(self._decode(tokens[i]), config.stop_strings, finished=True)
-                              if self.tokenizer is not None else None) for i in ids]
+                              if self.tokenizer is not None else None,
+                              logprobs[i] if config.logprobs is not None else None) for i in ids]
 
     def generate(self, prompts: str | list[str], config: GenerationConfig | None = None,
                  **overrides) -> list[RequestResult]:
@@ -374,6 +381,8 @@ class SpeculativeEngine:
             contiguous = rows == list(range(rows[0], rows[0] + len(rows)))  # a view, not a copy of [rows, width, V]
             group.verdict = self._accept(group, logits[rows[0]:rows[0] + len(rows), :width] if contiguous
                                          else logits[torch.tensor(rows), :width])
+            if any(r.config.logprobs is not None for r in group.requests):
+                group.logprobs = self._logprobs(group, logits)
             for request, row, path in zip(group.requests, group.rows, group.verdict.path):
                 if request.reads_hidden:  # the kept path's states: those of the tokens now committed
                     request.pending_hidden.append(own_hidden(hidden[row, path[path >= 0]], layers, request.hidden_layers))
@@ -405,11 +414,26 @@ class SpeculativeEngine:
                 request.stats.bias.add(totals.row(i))
                 request.stats.bias_time_s += seconds
 
+    @staticmethod
+    def _logprobs(group: Group, logits: torch.Tensor) -> list:
+        """Per row of ``group`` that asked for them, the target's log-probabilities of the tokens its verdict
+        keeps (the accepted draft tokens and the next token; ``logits`` the whole batch's)."""
+        verdict, out = group.verdict, []
+        for i, (request, row) in enumerate(zip(group.requests, group.rows)):
+            if request.config.logprobs is None:
+                out.append(None)
+                continue
+            accepted = int(verdict.accepted_length[i])
+            nodes = verdict.path[i, :accepted + 1].tolist()  # node j's logits judged kept token j
+            tokens = group.block.tokens[i, nodes[1:]].tolist() + [int(verdict.next_token[i])]
+            out.append(kept_logprobs(logits[row], tokens, nodes, request.config.logprobs))
+        return out
+
     def _accept(self, group: Group, logits: torch.Tensor) -> Verdict:
         """Judge one group's block: the target's logits processed as the draft's were, by the group's rule
         with each row's noise (and, for a drafter that reads them, keep the target's predictions at the
         block's nodes)."""
-        target = target_law(logits, group.sampling, group.seen)
+        target = target_law(logits, group.sampling, group.history)
         if group.reads_predictions:  # the argmax of what is already built: the tokens, or the laws
             group.predicted = target.tokens if target.tokens is not None else most_likely(target.probs)
         return verify(group.candidates, target, group.rule, group.noise)
@@ -460,9 +484,10 @@ class SpeculativeEngine:
                 kept = self._append(request, tokens)
                 request.random.advance(len(request.generated))
                 request.stats.total_time_s = now - request.started_at
+                logprobs = group.logprobs[i] if group.logprobs is not None else None
                 record.requests[request.id] = RequestStep(
                     kept, drafted[i], accepted, [j < accepted for j in range(depths[i])], request.finish_reason,
-                    request.stats, evidence)
+                    request.stats, evidence, logprobs=None if logprobs is None else logprobs[:len(kept)])
 
     def _append(self, request: Request, tokens: list[int]) -> list[int]:
         """Append tokens, stopping at EOS, a stop string, the token budget or the context; returns the

@@ -71,15 +71,30 @@ class RequestStats:
         }
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one generated ``token``, and the ``top`` most likely tokens at its
+    position as (token id, log-probability), most likely first (as many as the request's ``logprobs``).
+    They are the log-softmax of the target's own logits, before the request's sampling settings
+    (logit bias, penalties, temperature, top-k, top-p: vLLM's default, "raw" log-probabilities), so
+    they are the same whether the token was drafted and accepted or sampled by the target."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class RequestResult:
     """One finished request: its new tokens, and their text (with a tokenizer) ending before the stop
-    string that stopped it (:func:`visible_text`)."""
+    string that stopped it (:func:`visible_text`); with ``GenerationConfig.logprobs``, one
+    :class:`TokenLogprob` per token."""
 
     token_ids: list[int]
     stats: RequestStats
     finish_reason: str  # "length", "eos", "stop", "cancelled" or "error"
     text: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 def visible_text(text: str, stop_strings: tuple[str, ...], finished: bool) -> str:
@@ -103,7 +118,8 @@ class RequestStep:
     token after them (if kept) the target's own; ``accepted_per_position`` says, per draft depth,
     whether that position was accepted. ``finish_reason`` is None while the request runs ("length",
     "eos", "stop", "cancelled", or "error" with ``error`` saying what failed). ``stats`` are the
-    request's running totals (final once it finished)."""
+    request's running totals (final once it finished). ``logprobs``: one :class:`TokenLogprob` per new
+    token when the request asked for them (``GenerationConfig.logprobs``), else None."""
 
     new_tokens: list[int]
     drafted: int
@@ -113,6 +129,7 @@ class RequestStep:
     stats: RequestStats
     evidence: object = None
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass

@@ -15,8 +15,8 @@ from genspec.models.base import CausalLM
 from genspec.checks import integer
 from genspec.errors import ConfigError, ContextLengthError, GenspecError
 from genspec.randomness import Noise, RequestRandomness, block_noise
-from genspec.records import RequestStats
-from genspec.sampling import SamplingConfig, block_seen_mask, seen_mask
+from genspec.records import RequestStats, TokenLogprob
+from genspec.sampling import SamplingConfig, TokenHistory
 from genspec.theory.pareto import StepStatistics
 
 
@@ -95,10 +95,11 @@ class Group:
     draft: Draft | None = None
     block: DraftBlock | None = None
     candidates: Candidates | None = None  # the block's draft, as the acceptance rule reads it
-    seen: torch.Tensor | None = None  # [B, N, V] each node's repetition-penalty mask (None: no row penalises)
+    history: TokenHistory | None = None  # [B, N, V] what each node's penalties read (None: no row penalises)
     noise: Noise | None = None  # the rows' randomness at the block's positions (None: every row is greedy)
     verdict: Verdict | None = None
     predicted: torch.Tensor | None = None  # [B, N] the target's most likely token at each node, if the drafter reads it
+    logprobs: list[list[TokenLogprob] | None] | None = None  # per row, its kept tokens' (None: no row asked)
     sampling: list[SamplingConfig] = field(init=False)  # each row's, from its request
     rule: Rule = field(init=False)  # the group's acceptance rule (:func:`group_rule`), once
 
@@ -117,16 +118,28 @@ class Group:
 
     def take_block(self, vocab_size: int, device: torch.device) -> None:
         """Form the block the target scores (node 0 each row's last token, then its draft) and what judging
-        it takes: the repetition masks at its nodes and the rows' noise, by position."""
+        it takes: the penalties' history at its nodes and the rows' noise, by position."""
         requests, draft = self.requests, self.draft
         self.block = block = draft.block([r.sequence[-1] for r in requests], [True] * len(requests))
         self.candidates = Candidates(draft.tokens, block.lengths, block.node_of, draft.probs)
-        if any(s.repetition_penalty != 1.0 for s in self.sampling):
-            self.seen = block_seen_mask(seen_mask([r.sequence for r in requests], vocab_size, device), block.tokens,
-                                        block.tree_mask)
+        history = TokenHistory.of([r.sequence for r in requests], [len(r.prompt) for r in requests], self.sampling,
+                                  vocab_size, device)
+        if history is not None:
+            self.history = history.along(block.tokens, block.tree_mask)
         self.noise = block_noise([None if r.sampling.greedy else r.random for r in requests],
                                  [len(r.generated) for r in requests], [r.coupled for r in requests],
                                  draft.width, draft.num_chains, vocab_size)
+
+
+def kept_logprobs(logits: torch.Tensor, tokens: list[int], nodes: list[int], top: int) -> list[TokenLogprob]:
+    """The target's log-probabilities (:class:`~genspec.records.TokenLogprob`) of a row's kept ``tokens``: token j
+    was judged by the row's raw ``logits`` ``[N, V]`` at block node ``nodes[j]``, with the ``top`` likeliest there."""
+    laws = logits[nodes].float().log_softmax(-1)
+    chosen = laws.gather(-1, torch.tensor(tokens, device=laws.device).unsqueeze(-1)).squeeze(-1).tolist()
+    if not top:
+        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
+    values, ids = laws.topk(min(top, laws.shape[-1]), dim=-1)
+    return [TokenLogprob(t, lp, tuple(zip(i, v))) for t, lp, i, v in zip(tokens, chosen, ids.tolist(), values.tolist())]
 
 
 def by_drafter(requests: list[Request]) -> list[tuple[Drafter, list[Request]]]:

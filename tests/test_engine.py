@@ -207,7 +207,7 @@ def test_visible_text_holds_back_what_may_yet_be_a_stop_string():
 @pytest.mark.parametrize("kwargs, message", [
     ({"num_draft_tokens": 0}, "num_draft_tokens"),
     ({"temperature": -1.0}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": -0.1}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -2}, "top_k"),
     ({"max_new_tokens": 0}, "max_new_tokens"),

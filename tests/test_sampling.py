@@ -29,7 +29,7 @@ import genspec.sampling
 from genspec.sampling import (
     SamplingConfig,
     apply_repetition_penalty,
-    block_seen_mask,
+    TokenHistory,
     process_logits,
     seen_mask,
 )
@@ -84,7 +84,7 @@ def hf_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature, top_k, 
 
 def genspec_probs(logits, input_ids, temperature, top_k, top_p, penalty) -> torch.Tensor:
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=penalty)
-    return process_logits(logits, config, seen=seen_mask(input_ids.tolist(), logits.shape[-1]))
+    return process_logits(logits, config, history=TokenHistory(seen=seen_mask(input_ids.tolist(), logits.shape[-1])))
 
 
 def assert_same_law(probs: torch.Tensor, ref: torch.Tensor, atol: float = ATOL64, what: str = ""):
@@ -125,7 +125,7 @@ def test_seen_mask_rows_of_different_lengths_and_empty_history():
     seen = seen_mask(histories, 61)
     assert seen.sum(-1).tolist() == [len(set(h)) for h in histories]
     config = SamplingConfig(temperature=0.8, top_k=20, top_p=0.9, repetition_penalty=1.3)
-    ours = process_logits(logits, config, seen=seen)
+    ours = process_logits(logits, config, history=TokenHistory(seen=seen))
     for row, history in enumerate(histories):
         ids = torch.tensor([history], dtype=torch.long).reshape(1, len(history))
         ref = hf_probs(logits[row:row + 1], ids, 0.8, 20, 0.9, 1.3)
@@ -177,7 +177,7 @@ def test_top_p_ranks_the_likeliest_tokens_first_and_widens_until_they_hold_top_p
     logits, input_ids = make_case(seed=70 + int(share * 10), batch=len(configs), vocab=300)
     logits[:4] /= 8  # flat rows: their nucleus is far wider than the candidates
     ours = process_logits(logits, [SamplingConfig(*c) for c in configs],
-                          seen=seen_mask(input_ids.tolist(), 300))
+                          history=TokenHistory(seen=seen_mask(input_ids.tolist(), 300)))
     for row, (temperature, top_k, top_p, penalty) in enumerate(configs):
         if temperature == 0:
             ref = torch.nn.functional.one_hot(logits[row:row + 1].argmax(-1), 300).double()
@@ -244,7 +244,7 @@ def test_per_row_configs_each_row_matches_transformers(three_d):
     seen = seen_mask(input_ids.tolist(), 90)
     if three_d:  # [B, n, V]: the same logits at every position, the same history
         logits, seen = logits.unsqueeze(1).expand(-1, 3, -1), seen.unsqueeze(1).expand(-1, 3, -1)
-    ours = process_logits(logits, [SamplingConfig(*c) for c in configs], seen=seen)
+    ours = process_logits(logits, [SamplingConfig(*c) for c in configs], history=TokenHistory(seen=seen))
     assert ours.shape == logits.shape
     for row, (temperature, top_k, top_p, penalty) in enumerate(configs):
         row_logits = logits[row, 0] if three_d else logits[row]
@@ -303,13 +303,13 @@ def test_3d_input_equals_rowwise(temperature, top_k, top_p, penalty):
     logits = torch.randn(batch, n, vocab, dtype=torch.float64, generator=gen) * 2.0
     histories = [torch.randint(0, vocab, (12,), generator=gen).tolist() for _ in range(batch)]
     block = torch.randint(0, vocab, (batch, n), generator=gen)
-    seen = block_seen_mask(seen_mask(histories, vocab), block)  # [B, n, V], differs per position
+    seen = TokenHistory(seen=seen_mask(histories, vocab)).along(block).seen  # [B, n, V], differs per position
     assert not torch.equal(seen[:, 0], seen[:, -1])
     config = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=penalty)
-    ours = process_logits(logits, config, seen=seen)
+    ours = process_logits(logits, config, history=TokenHistory(seen=seen))
     assert ours.shape == (batch, n, vocab)
     for i in range(n):
-        assert torch.equal(ours[:, i], process_logits(logits[:, i].contiguous(), config, seen=seen[:, i].contiguous()))
+        assert torch.equal(ours[:, i], process_logits(logits[:, i].contiguous(), config, history=TokenHistory(seen=seen[:, i].contiguous())))
         if temperature > 0:  # and each position against transformers, with that position's history
             for b in range(batch):
                 ids = torch.tensor([histories[b] + block[b, 1:i + 1].tolist()])

@@ -31,6 +31,10 @@ def invalid_request(errors: list[dict]) -> APIError:
     if errors[0].get("type") == "json_invalid":
         return APIError(f"the request body is not valid JSON: {errors[0]['msg'].removeprefix('Invalid JSON: ')}")
     locs = [[part for part in error.get("loc", ()) if part != "body"] for error in errors]
+    if errors[0].get("type") == "extra_forbidden":  # OpenAI's own words for a field it does not know
+        where = ".".join(str(part) for part in locs[0])
+        return APIError(f"Unrecognized request argument supplied: {where}", param=where or None,
+                        code="unknown_parameter")
     field = [(loc, error) for loc, error in zip(locs, errors) if loc[:1] == locs[0][:1]]
     where = ".".join(str(part) for part in os.path.commonprefix([loc for loc, _ in field]))
     message = max(field, key=lambda pair: len(pair[0]))[1].get("msg", "invalid")

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from genspec.config import MAX_TOP_LOGPROBS
 from genspec.engine import RequestStats
+from genspec.records import TokenLogprob
+from genspec.sampling import LOGIT_BIAS_RANGE, PENALTY_RANGE
 
 
 class APIError(Exception):
@@ -39,9 +42,11 @@ SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
 
 class _Request(BaseModel):
     """A request's part: numbers must be finite (JSON has no NaN or infinity; Python's parser reads
-    ``1e309`` as infinity and accepts ``NaN``), and pydantic says which field is not."""
+    ``1e309`` as infinity and accepts ``NaN``), and pydantic says which field is not. Types are strict, as
+    the manual promises: ``"8"`` or ``8.0`` is no ``max_tokens``, ``true`` no token id, ``"no"`` no
+    boolean (an integer is a number, as in JSON)."""
 
-    model_config = ConfigDict(allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False, strict=True)
 
 
 class SpeculativeOptions(_Request):
@@ -69,32 +74,51 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _Common(_Request):
-    """Fields shared by completions and chat completions. Unknown fields are ignored (as OpenAI's
-    own server does for fields it does not know); known fields are checked."""
+#: the most ``logprobs`` a completion request may ask for (OpenAI's limit)
+MAX_COMPLETION_LOGPROBS = 5
 
-    model_config = ConfigDict(extra="ignore")
+
+class _Common(_Request):
+    """Fields shared by completions and chat completions. A field this server does not know is refused
+    (400 naming it, as OpenAI's own API answers "Unrecognized request argument"), and so is a known field
+    it does not honour, unless it has its neutral value (:meth:`check_supported`); fields that do not
+    change the answer (``user``, ``store``, ``metadata``, ...) are accepted and ignored.
+
+    ``logit_bias``, ``presence_penalty`` and ``frequency_penalty`` are OpenAI's, applied identically to
+    draft and target (:mod:`genspec.sampling`); ``top_k`` and ``repetition_penalty`` are vLLM's."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)  # 0: the most likely token only (greedy)
     top_k: int | None = Field(None, ge=0)  # vLLM's extension
     repetition_penalty: float | None = Field(None, gt=0.0)  # vLLM's extension
+    presence_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    frequency_penalty: float | None = Field(None, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    logit_bias: dict[str, float] | None = None
     n: int = Field(1, ge=1, le=16)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: bool | int | None = None
     speculative: SpeculativeOptions | None = None
+    # accepted and ignored: they do not change the answer
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     @field_validator("stop")
     @classmethod
     def _stops(cls, value):
+        # how many and how long: the server's limits (``genspec serve --max-stop-strings``), checked at admission
         stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop takes up to 4 non-empty strings")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
         return stops
 
     @field_validator("seed")
@@ -102,12 +126,35 @@ class _Common(_Request):
     def _engine_seed(cls, value):
         return None if value is None else value % 2**64  # see the module's docstring
 
-    @field_validator("logprobs")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_logprobs(cls, value):
-        if value:
-            raise ValueError("logprobs are not supported by this server")
-        return value
+    def _token_bias(cls, value):
+        if value is None:
+            return None
+        low, high = LOGIT_BIAS_RANGE
+        bias = {}
+        for key, amount in value.items():
+            if not key.isdigit():  # OpenAI's keys are token ids as JSON strings
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not low <= amount <= high:
+                raise ValueError(f"values must be in [{low:g}, {high:g}], got {amount} for token {key}")
+            bias[int(key)] = amount
+        return bias
+
+    #: fields this server knows and does not honour -> the values that ask nothing of it
+    UNSUPPORTED: ClassVar[dict[str, tuple]] = {}
+
+    def check_supported(self) -> None:
+        """Refuse (400 naming the field) a field that would change the answer in a way this server does not
+        honour."""
+        for name, neutral in self.UNSUPPORTED.items():
+            value = getattr(self, name)
+            if value not in neutral:
+                raise APIError(f"{name} is not supported by this server", param=name, code="unsupported_parameter")
+
+    def top_logprobs_asked(self) -> int | None:
+        """The log-probabilities the request asks for: None, or the number of alternatives per token."""
+        raise NotImplementedError
 
 
 class CompletionRequest(_Common):
@@ -115,6 +162,12 @@ class CompletionRequest(_Common):
     # str | list[str] | list[int] | list[list[int]] in 0.22 s (model_validate_json on the 2-core VM),
     # holding the GIL: the other requests wait meanwhile
     prompt: str | list[int] | list[list[int]] | list[str]
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    UNSUPPORTED: ClassVar[dict[str, tuple]] = {"suffix": (None, "")}
 
     @field_validator("prompt")
     @classmethod
@@ -122,6 +175,18 @@ class CompletionRequest(_Common):
         if isinstance(value, list) and not value:
             raise ValueError("prompt is empty")
         return value
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.best_of not in (None, 1, self.n):  # best_of == n returns every sample: nothing is chosen
+            raise APIError("best_of other than n is not supported by this server", param="best_of",
+                           code="unsupported_parameter")
+        if self.echo and self.logprobs is not None:
+            raise APIError("echo with logprobs is not supported by this server (the prompt's log-probabilities "
+                           "are not computed)", param="echo", code="unsupported_parameter")
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(_Request):
@@ -147,6 +212,34 @@ class ChatMessage(_Request):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+    parallel_tool_calls: bool | None = None  # without tools, nothing to call
+    response_format: dict | None = None
+    modalities: list[str] | None = None
+    audio: dict | None = None
+    prediction: dict | None = None  # a latency hint: the answer is the same with or without it
+    web_search_options: dict | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+
+    UNSUPPORTED: ClassVar[dict[str, tuple]] = {
+        "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
+        "function_call": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
+        "modalities": (None, ["text"]), "audio": (None,), "web_search_options": (None,),
+        "reasoning_effort": (None,), "verbosity": (None,)}
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
+
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # ------------------------------------------------------------------------------ responses
@@ -161,6 +254,23 @@ def now() -> int:
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_logprobs(tokens: list[str], logprobs: list[TokenLogprob], top: list[dict[str, float]],
+                        offsets: list[int]) -> dict:
+    """A completion choice's ``logprobs`` (OpenAI's legacy shape): per token its text, log-probability, the
+    ``top`` alternatives (text -> log-probability, the token itself among them) and where its text starts."""
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs], "top_logprobs": top,
+            "text_offset": offsets}
+
+
+def chat_logprobs(tokens: list[str], logprobs: list[TokenLogprob], alternatives: list[list[tuple[str, float]]]) -> dict:
+    """A chat choice's ``logprobs``: per token its text, UTF-8 bytes, log-probability and the likeliest
+    alternatives, each the same way."""
+    def entry(text: str, logprob: float) -> dict:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return {"content": [{**entry(text, lp.logprob), "top_logprobs": [entry(t, v) for t, v in alts]}
+                        for text, lp, alts in zip(tokens, logprobs, alternatives)], "refusal": None}
 
 
 def speculation_metrics(stats: list[RequestStats]) -> dict:

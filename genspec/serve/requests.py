@@ -50,9 +50,11 @@ def parse_body(model: type[BaseModel], raw: bytes):
     except UnicodeDecodeError as exc:
         raise APIError(f"the request body is not UTF-8 text (byte {exc.start} is not)") from None
     try:
-        return model.model_validate_json(text)
+        body = model.model_validate_json(text)
     except ValidationError as exc:
         raise invalid_request(exc.errors()) from None
+    body.check_supported()
+    return body
 
 
 def documented_body(model: type[BaseModel]) -> dict:
@@ -130,7 +132,8 @@ def generation_config(body, prompt_tokens: int, max_tokens: int | None, extra_st
         return GenerationConfig(
             max_new_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
-            repetition_penalty=body.repetition_penalty or 1.0, seed=body.seed,
-            stop_strings=tuple(body.stop or ()) + tuple(extra_stops), **options)
+            repetition_penalty=body.repetition_penalty or 1.0, presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0, logit_bias=body.logit_bias or {}, seed=body.seed,
+            logprobs=body.top_logprobs_asked(), stop_strings=tuple(body.stop or ()) + tuple(extra_stops), **options)
     except GenspecError as exc:
         raise APIError(str(exc)) from exc

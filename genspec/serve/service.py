@@ -21,12 +21,13 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from genspec.config import GenerationConfig
-from genspec.records import RequestStats, RequestStep, visible_text
+from genspec.records import RequestStats, RequestStep, TokenLogprob, visible_text
 from genspec.errors import GenspecError
 from genspec.serve import requests
 from genspec.serve.errors import ended_early
 from genspec.serve.metrics import Metrics
-from genspec.serve.protocol import APIError, ChatMessage, new_id, now, speculation_metrics, usage
+from genspec.serve.protocol import (APIError, ChatMessage, chat_logprobs, completion_logprobs, new_id, now,
+                                    speculation_metrics, usage)
 from genspec.serve.security import Gatekeeper
 from genspec.serve.settings import ServerSettings
 from genspec.serve.worker import EngineWorker, NeverFits, QueueFull, ShuttingDown
@@ -44,6 +45,7 @@ class _Choice:
     error: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     first_token_at: float | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Service:
@@ -153,11 +155,40 @@ class Service:
             previous = text
         return out
 
+    def token_texts(self, tokens: list[int]) -> list[str]:
+        """Each token's own text (special tokens included), as log-probabilities name them; a token that is
+        part of a character (a byte of a multi-byte one) by its vocabulary entry, which tells it apart."""
+        texts = [self.tokenizer.decode([token], skip_special_tokens=False) for token in tokens]
+        return [self.tokenizer.convert_ids_to_tokens(token) if "\ufffd" in text else text
+                for token, text in zip(tokens, texts)]
+
+    def logprobs_of(self, logprobs: list[TokenLogprob], chat: bool, start: int = 0, upto: int | None = None) -> dict:
+        """The ``logprobs`` of a choice's tokens in the route's shape; with ``upto`` (a choice a stop string ended),
+        only the tokens whose text starts before that many characters (the text shown ends before the stop string).
+        ``start``: where the first token's text starts (OpenAI's ``text_offset``). CPU work: call it in the
+        thread pool."""
+        tokens = [lp.token for lp in logprobs]
+        pieces = [text for text, _ in self.pieces([], tokens, 0)]
+        offsets, at = [], start
+        for piece in pieces:
+            offsets.append(at)
+            at += len(piece)
+        if upto is not None:
+            keep = sum(1 for offset in offsets if offset < start + upto) or min(1, len(offsets))
+            logprobs, tokens, offsets = logprobs[:keep], tokens[:keep], offsets[:keep]
+        texts = self.token_texts(tokens)
+        alternatives = [list(zip(self.token_texts([t for t, _ in lp.top]), [v for _, v in lp.top])) for lp in logprobs]
+        if chat:
+            return chat_logprobs(texts, logprobs, alternatives)
+        top = [{**dict(alts), text: lp.logprob} for text, lp, alts in zip(texts, logprobs, alternatives)]
+        return completion_logprobs(texts, logprobs, top, offsets)
+
     def apply(self, choice: _Choice, step: RequestStep, started: float) -> None:
         if step.new_tokens and choice.first_token_at is None:
             choice.first_token_at = time.perf_counter()
             self.metrics.time_to_first_token.observe(choice.first_token_at - started)
         choice.tokens += step.new_tokens
+        choice.logprobs += step.logprobs or ()
         choice.stats = step.stats
         if step.finish_reason is not None:
             choice.finish_reason, choice.error = step.finish_reason, step.error
@@ -175,6 +206,14 @@ class Service:
             elif step.finish_reason == "cancelled":  # a drain's grace period ran out
                 self.metrics.failure.labels(reason="cancelled").inc()
 
+    def echoed(self, body, prompts: list[list[int]]) -> list[str]:
+        """A completion's prompts as text, for ``echo``: as the request gave them, or decoded from token ids."""
+        if isinstance(body.prompt, str):
+            return [body.prompt]
+        if all(isinstance(p, str) for p in body.prompt):
+            return list(body.prompt)
+        return [self.decode(p) for p in prompts]
+
     # ------------------------------------------------------------------ the response
     async def respond(self, body, prompts: list[list[int]], max_tokens: int | None, extra_stops: tuple[str, ...],
                       request: Request, chat: bool):
@@ -189,6 +228,8 @@ class Service:
                 indices.append(j)
                 choices.append(_Choice(p * body.n + j, len(prompt)))
         stops = configs[0].stop_strings
+        logprobs_asked = configs[0].logprobs is not None
+        echoed = await run_in_threadpool(self.echoed, body, prompts) if not chat and body.echo else None
         created, started = now(), time.perf_counter()
         ident = new_id("chatcmpl" if chat else "cmpl")
         kind = "chat.completion" if chat else "text_completion"
@@ -203,11 +244,16 @@ class Service:
                 if (error := ended_early(c.finish_reason, c.error)) is not None:
                     raise error
             texts = await run_in_threadpool(lambda: [self.visible(c, stops) for c in choices])
+            logprobs = [None] * len(choices)
+            if logprobs_asked:  # a stop string's text is not shown, nor are its tokens' log-probabilities
+                logprobs = await run_in_threadpool(lambda: [
+                    self.logprobs_of(c.logprobs, chat, upto=len(text) if c.finish_reason == "stop" else None)
+                    for c, text in zip(choices, texts)])
             result = []
-            for c, text in zip(choices, texts):
+            for c, text, lp in zip(choices, texts, logprobs):
                 entry = {"index": c.index, "finish_reason": _openai_reason(c.finish_reason)}
-                entry.update({"message": {"role": "assistant", "content": text}} if chat else
-                             {"text": text, "logprobs": None})
+                entry.update({"message": {"role": "assistant", "content": text}, "logprobs": lp} if chat else
+                             {"text": (echoed[c.index // body.n] if echoed else "") + text, "logprobs": lp})
                 result.append(entry)
             return {"id": ident, "object": kind, "created": created, "model": model_name, "choices": result,
                     "usage": usage(sum(c.prompt_tokens for c in choices), sum(len(c.tokens) for c in choices)),
@@ -223,6 +269,10 @@ class Service:
                     yield _sse({"id": ident, "object": chunk_kind, "created": created, "model": model_name,
                                 "choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                              "finish_reason": None}]})
+            for c in choices if echoed else ():  # the prompt first, as OpenAI echoes it
+                yield _sse({"id": ident, "object": chunk_kind, "created": created, "model": model_name,
+                            "choices": [{"index": c.index, "text": echoed[c.index // body.n], "logprobs": None,
+                                         "finish_reason": None}]})
             pending = [first] if first is not None else []
             try:
                 while True:
@@ -238,11 +288,14 @@ class Service:
                         return
                     text, pieces = await run_in_threadpool(
                         lambda: (self.visible(choice, stops), self.pieces(before, step.new_tokens, step.accepted)))
+                    logprobs = (await run_in_threadpool(self.logprobs_of, step.logprobs or [], chat,
+                                                        len(self.decode(before)))
+                                if logprobs_asked else None)
                     delta, choice.sent = text[len(choice.sent):], text
                     reason = _openai_reason(choice.finish_reason)
                     body_choice = {"index": index, "finish_reason": reason}
-                    body_choice.update({"delta": {"content": delta} if delta or not reason else {}} if chat else
-                                       {"text": delta, "logprobs": None})
+                    body_choice.update({"delta": {"content": delta} if delta or not reason else {},
+                                        "logprobs": logprobs} if chat else {"text": delta, "logprobs": logprobs})
                     yield _sse({"id": ident, "object": chunk_kind, "created": created, "model": model_name,
                                 "choices": [body_choice],
                                 "genspec": {"tokens": pieces,
