@@ -431,6 +431,84 @@ def test_sigterm_finishes_requests_in_flight_and_stops_taking_new_ones(tiny_mode
             process.kill()
 
 
+# `genspec serve` whose engine, once the file HOLD exists beside it, holds the main thread in one long C call at
+# the third step with a request running (as a long prefill or a wide verify block on a large model does), then
+# writes HELD. SIGTERM is blocked in that thread meanwhile, so the kernel hands the signal to another thread and
+# Python's handler, which runs in the main thread only, waits until the call returns.
+_HELD_SERVE = """
+import ctypes, signal, sys
+from pathlib import Path
+import genspec.engine
+from genspec.cli import main
+
+hold, held = Path(sys.argv[1]) / "HOLD", Path(sys.argv[1]) / "HELD"
+step, steps = genspec.engine.SpeculativeEngine.step, []
+
+def held_step(self):
+    if hold.exists() and self.num_running and not held.exists():
+        steps.append(1)
+        if len(steps) == 3:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            held.touch()
+            ctypes.CDLL(None).sleep(4)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    return step(self)
+
+genspec.engine.SpeculativeEngine.step = held_step
+sys.exit(main(["serve", *sys.argv[2:]]))
+"""
+
+
+def test_sigterm_closes_the_listener_at_once_while_the_engine_is_inside_a_long_call(tiny_model_dir, tmp_path):
+    """SIGTERM while the main thread is inside one long call into the model: the listening socket still
+    closes at once (a new connection 0.5 s after the signal is refused, within 2 s), and the request in flight
+    finishes normally once the call returns (finish reason, [DONE]); the process then ends without an error."""
+    import signal
+    import subprocess
+    import sys
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-c", _HELD_SERVE, str(tmp_path), "--model", str(tiny_model_dir),
+                                "--port", str(port), "--no-cost-measurement", "--grace-period", "20"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.time() < deadline, "the server did not start"
+                time.sleep(0.2)
+        (tmp_path / "HOLD").touch()
+        lines, probe = [], {}
+        with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                          json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}) as raw:
+            deadline = time.time() + 30
+            while not (tmp_path / "HELD").exists():
+                assert time.time() < deadline, "the engine never held the step"
+                time.sleep(0.02)
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            started = time.monotonic()
+            try:
+                probe["answer"] = httpx.get(url + "/health", timeout=2).status_code
+            except httpx.HTTPError as exc:
+                probe["answer"] = type(exc).__name__
+            probe["seconds"] = time.monotonic() - started
+            lines = [line for line in raw.iter_lines() if line]
+        assert probe["answer"] == "ConnectError" and probe["seconds"] < 2, probe
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
+        assert process.wait(timeout=60) == 0
+        assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
 def test_the_body_limit_is_a_serve_flag(tiny_model_dir, capsys):
     import signal
 
@@ -629,7 +707,8 @@ def _float_fields() -> set[str]:
     return out
 
 
-NON_FINITE_FIELDS = ["temperature", "top_p", "repetition_penalty", "speculative.epsilon", "speculative.delta"]
+NON_FINITE_FIELDS = ["temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+                     "speculative.epsilon", "speculative.delta"]
 
 
 def test_the_non_finite_cases_cover_every_float_field():
@@ -648,11 +727,11 @@ def test_non_finite_numbers_are_refused_naming_the_field(served, field, number, 
     parent = body
     for key in parents:
         parent = parent[key]
-    parent[name] = "NUMBER"
+    parent[name] = {"5": "NUMBER"} if name == "logit_bias" else "NUMBER"  # a map of token id -> number
     content = json.dumps(body).replace('"NUMBER"', number)
     response = httpx.post(served.url + route, content=content, headers={"Content-Type": "application/json"})
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["param"] == field
+    assert response.json()["error"]["param"] == (field + ".5" if name == "logit_bias" else field)
 
 
 @pytest.mark.parametrize("content, fragment", [
@@ -670,7 +749,7 @@ def test_bodies_that_are_not_json_get_an_openai_error_without_a_param(served, co
 
 
 @pytest.mark.parametrize("body, param, fragment", [
-    ({"prompt": [5, 2.5]}, "prompt", "fractional part"),
+    ({"prompt": [5, 2.5]}, "prompt", "integer"),
     ({"prompt": PROMPT, "stop": [1.5]}, "stop", "string"),
     ({"prompt": PROMPT, "speculative": {"num_draft_tokens": "many"}}, "speculative.num_draft_tokens", "integer"),
 ])

@@ -211,6 +211,7 @@ def test_the_rate_limit_answers_429_with_retry_after_per_key(tiny_model_dir):
         assert [r.status_code for r in statuses] == [200, 200, 200, 429]
         error = statuses[-1].json()["error"]
         assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+        assert "3 requests per minute per API key" in error["message"]
         assert 15 <= int(statuses[-1].headers["retry-after"]) <= 20
         with pytest.raises(openai.RateLimitError):
             server.client(KEY).completions.create(model="tiny", **body)
@@ -247,13 +248,37 @@ def test_a_token_bucket_refills_evenly_over_a_minute():
     assert bucket.level == 60  # never above its capacity
 
 def test_without_keys_limits_count_by_client_address(tiny_model_dir):
-    server = Served(tiny_model_dir, ServeSecurity(requests_per_minute=1))
+    """Without keys the limits count by the client's address, and their 429s say so (not "per API key")."""
+    server = Served(tiny_model_dir, ServeSecurity(requests_per_minute=1, max_streams_per_key=1))
     try:
         body = {"prompt": PROMPT, "max_tokens": 2}
         assert httpx.post(server.url + "/v1/completions", json=body).status_code == 200
-        assert httpx.post(server.url + "/v1/completions", json=body).status_code == 429
+        refused = httpx.post(server.url + "/v1/completions", json=body)
+        assert refused.status_code == 429
+        message = refused.json()["error"]["message"]
+        assert "1 requests per minute per client address" in message and "API key" not in message
     finally:
         server.stop()
+    server = Served(tiny_model_dir, ServeSecurity(max_streams_per_key=1))
+    stream_body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True,
+                   "speculative": {"drafter": "gate"}}
+    held = []
+    thread = threading.Thread(target=lambda: held.append(httpx.post(server.url + "/v1/completions", json=stream_body,
+                                                                     timeout=60)))
+    try:
+        server.gate.entered.clear()
+        server.gate.release.clear()
+        thread.start()
+        assert server.gate.entered.wait(30)
+        refused = httpx.post(server.url + "/v1/completions", json=stream_body)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_streams"
+        message = refused.json()["error"]["message"]
+        assert "at most 1 per client address" in message and "API key" not in message
+    finally:
+        server.gate.release.set()
+        thread.join(60)
+        server.stop()
+    assert [r.status_code for r in held] == [200]
 
 # ------------------------------------------------------------------------------ CORS
 def test_cors_is_off_by_default_and_allows_only_the_named_origins(keyed, tiny_model_dir):

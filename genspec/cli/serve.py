@@ -46,7 +46,8 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
                        help="largest request body accepted, in bytes (default 2 MiB); larger ones get HTTP 413")
     serve.add_argument("--grace-period", type=finite_float, default=30.0, metavar="S",
-                       help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
+                       help="on SIGTERM, seconds in-flight requests may take to finish before they are cancelled "
+                            "(new connections are refused at once)")
     add_options(serve, "dtype", dtype={"choices": ["float32", "bfloat16", "float16"]})
     serve.add_argument("--no-cost-measurement", action="store_true",
                        help="skip measuring verify costs by batch size at start (tens of seconds on the embedded "
@@ -91,9 +92,11 @@ def add_security_arguments(serve) -> None:
                         help=f"streams open at once per API key (client address without keys; default "
                              f"{d.max_streams_per_key}); more get 429")
     limits.add_argument("--requests-per-minute", type=int, default=d.requests_per_minute, metavar="N",
-                        help=f"per API key (token bucket; default {d.requests_per_minute}); more get 429 with Retry-After")
+                        help=f"per API key, or per client address without keys (token bucket; default "
+                             f"{d.requests_per_minute}); more get 429 with Retry-After")
     limits.add_argument("--tokens-per-minute", type=int, default=d.tokens_per_minute, metavar="N",
-                        help=f"per API key, counting prompt tokens + n x max_tokens (default {d.tokens_per_minute})")
+                        help=f"per API key (client address without keys), counting prompt tokens + n x max_tokens "
+                             f"(default {d.tokens_per_minute})")
     limits.add_argument("--keep-alive", type=float, default=d.keep_alive, metavar="S",
                         help=f"seconds an idle connection stays open (default {d.keep_alive:g})")
     limits.add_argument("--read-timeout", type=float, default=d.read_timeout, metavar="S",

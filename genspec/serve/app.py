@@ -36,6 +36,7 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 
+import uvicorn
 from fastapi import FastAPI
 
 from genspec.engine import SpeculativeEngine
@@ -109,25 +110,36 @@ def run_server(app: FastAPI, host: str, port: int, log_level: str = "warning") -
     model's forward over 4 rows took 68 ms in the thread that loaded it and 90 ms in another
     (``python benchmarks/costs/thread_forward.py``, 2-core EPYC), which cost the server 30% of its throughput.
 
-    On a signal: no new connections; requests in flight run up to the settings' ``grace_s`` seconds more, then are
-    cancelled; then the process returns."""
+    On a signal: the listening socket closes first, so a new connection is refused at once; requests in flight
+    run up to the settings' ``grace_s`` seconds more, then are cancelled; then the process returns. The HTTP
+    thread hears the signal itself (:class:`_SignalledServer`): Python runs a signal handler in the main thread
+    only, between two bytecodes, and the main thread may be inside one long call into the model (a prefill, a
+    wide verify block) that would hold the handler, and the listener with it, until it returns."""
     import signal
+    import socket
     import threading
-
-    import uvicorn
 
     server: Service = app.state.server
     grace_s = server.settings.grace_s
-    http = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                         timeout_graceful_shutdown=max(1, int(grace_s) + 5),
-                                         **uvicorn_options(server.settings.security)))
     worker = server.worker
+    wakeup, woken = socket.socketpair()
+    for end in (wakeup, woken):
+        end.setblocking(False)
 
-    def on_signal(signum, frame):  # only sets flags: it runs inside the engine loop, in this thread
-        http.should_exit = True
+    def stop() -> None:  # only sets flags (and closes the listener): safe in a signal handler and on the loop
+        http.stop_listening()
         worker.begin_drain(grace_s)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    http = _SignalledServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=max(1, int(grace_s) + 5),
+                                           **uvicorn_options(server.settings.security)), woken, stop)
+
+    def on_signal(signum, frame):  # runs inside the engine loop, in this thread, once the current call returns
+        stop()
+
+    stops = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, on_signal) for sig in stops}
+    previous_wakeup = signal.set_wakeup_fd(wakeup.fileno(), warn_on_full_buffer=False)
     thread = threading.Thread(target=http.run, name="genspec-http", daemon=True)
     try:
         thread.start()
@@ -139,6 +151,43 @@ def run_server(app: FastAPI, host: str, port: int, log_level: str = "warning") -
     finally:
         http.should_exit = True
         thread.join(timeout=grace_s + 30)
+        signal.set_wakeup_fd(previous_wakeup)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        wakeup.close()
+        woken.close()
 
+
+class _SignalledServer(uvicorn.Server):
+    """uvicorn's server that stops at a signal by itself: the C-level signal handler writes the signal's number
+    to the wakeup socket (:func:`signal.set_wakeup_fd`) whatever the main thread is doing, and this server's
+    event loop, which watches the other end, calls ``on_stop`` at once. :meth:`stop_listening` closes the
+    listening sockets before anything else (uvicorn's own shutdown, which closes them too, waits for its next
+    tick of the loop)."""
+
+    def __init__(self, config: uvicorn.Config, woken, on_stop):
+        super().__init__(config)
+        self._woken, self._on_stop = woken, on_stop
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        asyncio.get_running_loop().add_reader(self._woken.fileno(), self._read_wakeup)
+
+    def _read_wakeup(self) -> None:
+        import signal
+
+        try:
+            data = self._woken.recv(512)
+        except (BlockingIOError, InterruptedError):
+            return
+        if {signal.SIGTERM, signal.SIGINT} & set(data):
+            self._on_stop()
+
+    def stop_listening(self) -> None:
+        """Refuse new connections from now on (idempotent, and safe from any thread); requests in flight go on."""
+        for listener in self.servers:
+            try:
+                listener.get_loop().call_soon_threadsafe(listener.close)
+            except RuntimeError:  # its loop has ended: nothing listens any more
+                pass
+        self.should_exit = True

@@ -11,7 +11,7 @@ connections that cannot be held open forever.
   of requests and tokens per minute (429 with ``Retry-After``). A request's tokens are its prompts' tokens
   plus the most it may generate (``n`` x ``max_tokens``), charged when it is admitted, as OpenAI counts
   them. Token buckets: a key may spend a minute's allowance at once, and it refills evenly over the minute.
-  The identity a limit counts by is the key; without keys, the client's address.
+  The identity a limit counts by is the key; without keys, the client's address (the 429's message says which).
 - **CORS**: off unless ``allowed_origins`` names the origins (``*``: any) allowed to call the API from a
   browser (the playground served from elsewhere).
 - **Connections** (:func:`uvicorn_options`): a connection that sends nothing is closed after
@@ -234,8 +234,8 @@ class Gatekeeper:
         with self._lock:
             if body.stream and s.max_streams_per_key and self._streams.get(who, 0) >= s.max_streams_per_key:
                 self.on_refusal("rate_limited")
-                raise RateLimited(f"too many streams at once: at most {s.max_streams_per_key} per API key", 1.0,
-                                  code="too_many_streams")
+                raise RateLimited(f"too many streams at once: at most {s.max_streams_per_key} {self.counted_by}",
+                                  1.0, code="too_many_streams")
             self._take(who, cost)
             if not body.stream:
                 return Admission()
@@ -250,6 +250,11 @@ class Gatekeeper:
                     del self._streams[who]
 
         return Admission(release)
+
+    @property
+    def counted_by(self) -> str:
+        """What the limits count by, as the 429 messages name it (see :meth:`identify`)."""
+        return "per API key" if self.settings.api_key_sha256 else "per client address"
 
     def open_streams(self, identity: str) -> int:
         return self._streams.get(identity, 0)
@@ -274,7 +279,7 @@ class Gatekeeper:
         if max(waits) > 0:
             self.on_refusal("rate_limited")
             which = (f"{s.requests_per_minute} requests" if waits[0] >= waits[1] else f"{s.tokens_per_minute} tokens")
-            raise RateLimited(f"rate limit reached: {which} per minute per API key; retry in "
+            raise RateLimited(f"rate limit reached: {which} per minute {self.counted_by}; retry in "
                               f"{max(1, math.ceil(max(waits)))} s", max(waits))
         requests.level -= 1
         tokens_bucket.level -= tokens

@@ -170,9 +170,12 @@ class EngineWorker:
     def begin_drain(self, grace_s: float) -> None:
         """Stop taking requests; those in flight may run ``grace_s`` seconds more, then are cancelled, and
         :meth:`run` returns once nothing is left. Only sets attributes (no lock), so a signal handler may
-        call it while the same thread is inside :meth:`run`."""
+        call it while the same thread is inside :meth:`run`. Called again, it keeps the earlier deadline
+        (the same signal is heard twice: by the HTTP thread at once, by the main thread's handler later)."""
         self._accepting = False
-        self._deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + grace_s
+        if self._deadline is None or deadline < self._deadline:
+            self._deadline = deadline
 
     def drain(self, grace_s: float) -> None:
         """:meth:`begin_drain`, then wait for the thread :meth:`start` started to finish."""
