@@ -381,8 +381,6 @@ class SpeculativeEngine:
             contiguous = rows == list(range(rows[0], rows[0] + len(rows)))  # a view, not a copy of [rows, width, V]
             group.verdict = self._accept(group, logits[rows[0]:rows[0] + len(rows), :width] if contiguous
                                          else logits[torch.tensor(rows), :width])
-            if any(r.config.logprobs is not None for r in group.requests):
-                group.logprobs = self._logprobs(group, logits)
             for request, row, path in zip(group.requests, group.rows, group.verdict.path):
                 if request.reads_hidden:  # the kept path's states: those of the tokens now committed
                     request.pending_hidden.append(own_hidden(hidden[row, path[path >= 0]], layers, request.hidden_layers))
@@ -395,7 +393,9 @@ class SpeculativeEngine:
             # it would price the head's tree at 4 plain steps and switch it off after 3 drafts of a 24-token answer
             # (python benchmarks/costs/first_verify_cost.py). Calibration drops its first timing too
             self._timed_shapes.add((batch, width))
-        for group in groups:  # after the verify time is taken: measuring is not verifying
+        for group in groups:  # after the verify time is taken: measuring and reporting are not verifying
+            if any(r.config.logprobs is not None for r in group.requests):
+                group.logprobs = self._logprobs(group, logits)
             if any(r.config.measure_bias for r in group.requests) and group.draft.width:
                 self._measure_bias(group)
 

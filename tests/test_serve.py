@@ -382,13 +382,14 @@ def test_a_full_queue_answers_429(tiny_model_dir):
         server.stop()
 
 
-def _start_serve(model_dir, *flags):
-    """`genspec serve` of ``model_dir`` as a process on a free port: ``(process, url)`` once /health answers."""
+def _start_serve(model_dir, *flags, program=("-m", "genspec", "serve")):
+    """`genspec serve` of ``model_dir`` as a process on a free port: ``(process, url)`` once /health answers.
+    ``program``: what Python runs, with the serve options after it (default the ``genspec serve`` command)."""
     import subprocess
     import sys
 
     port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "genspec", "serve", "--model", str(model_dir), "--port",
+    process = subprocess.Popen([sys.executable, *program, "--model", str(model_dir), "--port",
                                 str(port), *flags], stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -464,24 +465,10 @@ def test_sigterm_closes_the_listener_at_once_while_the_engine_is_inside_a_long_c
     closes at once (a new connection 0.5 s after the signal is refused, within 2 s), and the request in flight
     finishes normally once the call returns (finish reason, [DONE]); the process then ends without an error."""
     import signal
-    import subprocess
-    import sys
 
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([sys.executable, "-c", _HELD_SERVE, str(tmp_path), "--model", str(tiny_model_dir),
-                                "--port", str(port), "--no-cost-measurement", "--grace-period", "20"],
-                               stderr=subprocess.PIPE, text=True)
+    process, url = _start_serve(tiny_model_dir, "--no-cost-measurement", "--grace-period", "20",
+                                program=("-c", _HELD_SERVE, str(tmp_path)))
     try:
-        deadline = time.time() + 120
-        while True:
-            assert process.poll() is None, process.stderr.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.time() < deadline, "the server did not start"
-                time.sleep(0.2)
         (tmp_path / "HOLD").touch()
         lines, probe = [], {}
         with httpx.stream("POST", url + "/v1/completions", timeout=60,
