@@ -462,8 +462,8 @@ sys.exit(main(["serve", *sys.argv[2:]]))
 
 def test_sigterm_closes_the_listener_at_once_while_the_engine_is_inside_a_long_call(tiny_model_dir, tmp_path):
     """SIGTERM while the main thread is inside one long call into the model: the listening socket still
-    closes at once (a new connection 0.5 s after the signal is refused, within 2 s), and the request in flight
-    finishes normally once the call returns (finish reason, [DONE]); the process then ends without an error."""
+    closes at once (a new connection 0.5 s after the signal is refused, neither answered nor left waiting),
+    and the request in flight finishes normally once the call returns (finish reason, [DONE]); the process then ends without an error."""
     import signal
 
     process, url = _start_serve(tiny_model_dir, "--no-cost-measurement", "--grace-period", "20",
@@ -479,14 +479,12 @@ def test_sigterm_closes_the_listener_at_once_while_the_engine_is_inside_a_long_c
                 time.sleep(0.02)
             process.send_signal(signal.SIGTERM)
             time.sleep(0.5)
-            started = time.monotonic()
-            try:
+            try:  # refused (ConnectError), not answered (the old 200) nor left waiting (a timeout)
                 probe["answer"] = httpx.get(url + "/health", timeout=2).status_code
             except httpx.HTTPError as exc:
                 probe["answer"] = type(exc).__name__
-            probe["seconds"] = time.monotonic() - started
             lines = [line for line in raw.iter_lines() if line]
-        assert probe["answer"] == "ConnectError" and probe["seconds"] < 2, probe
+        assert probe["answer"] == "ConnectError", probe
         assert lines[-1] == "data: [DONE]"
         assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
         assert process.wait(timeout=60) == 0
