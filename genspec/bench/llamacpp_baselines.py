@@ -60,3 +60,50 @@ class LlamaCppDecoder:
         wall = time.perf_counter() - start
         return {"new_tokens": len(tokens), "wall_time_s": wall, "token_ids": tokens, "stats": None, "steps": None,
                 "forward": None}
+
+
+class LlamaServerDecoder:
+    """llama.cpp's own C++ server at one client (:class:`~genspec.bench.llama_server.LlamaServer`, one slot)
+    on the GGUF file at ``path``: plain, or with one of its speculation types (``spec_type``). Each prompt
+    goes to its native ``/completion`` endpoint as token ids, without its prompt cache (every call prefills
+    its prompt, as the other methods do), and the request's wall time on the client is the call's time.
+
+    Its samplers are set as :class:`LlamaCppDecoder` sets llama-cpp-python's: greedy at temperature 0, no
+    ``min_p`` and no top-k unless genspec's is on. The records carry its draft and accepted counts."""
+
+    kind = "llamacpp"
+
+    def __init__(self, spec: MethodSpec, path, eos_token_ids: list[int], context: int, threads: int | None = None):
+        from genspec.bench.llama_server import LlamaServer
+
+        self.spec = spec
+        self.name = spec.name
+        self.options = {"spec_type": "none", **spec.options}
+        self.server = LlamaServer(path, self.options["spec_type"], parallel=1, context=context, threads=threads)
+        self.server.__enter__()
+        self.ignore_eos = not eos_token_ids
+
+    def close(self) -> None:
+        self.server.__exit__()
+
+    def __del__(self):
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.__exit__()
+
+    @property
+    def settings(self) -> dict:
+        return dict(self.options, command=" ".join(self.server.command))
+
+    def decode(self, ids: list[int], max_new_tokens: int, sampling: SamplingConfig, seed: int) -> dict:
+        greedy = sampling.greedy
+        out = self.server.complete(list(ids), max_new_tokens, {
+            "temperature": 0.0 if greedy else sampling.temperature,
+            "top_k": 1 if greedy else max(0, sampling.top_k), "top_p": 1.0 if greedy else sampling.top_p,
+            "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": sampling.repetition_penalty, "seed": seed,
+            "ignore_eos": self.ignore_eos})
+        tokens = [int(t) for t in out.get("tokens", [])][:max_new_tokens]
+        timings = out.get("timings", {})
+        return {"new_tokens": len(tokens), "wall_time_s": out["wall_time_s"], "token_ids": tokens, "stats": None,
+                "steps": None, "forward": None,
+                "server_draft": {"drafted": timings.get("draft_n", 0), "accepted": timings.get("draft_n_accepted", 0)}}

@@ -36,10 +36,14 @@ HF_METHODS: dict[str, dict] = {
     "hf-early-exit": {"assistant_early_exit": None},  # default: a quarter of the layers, like genspec's
 }
 
-#: llama-cpp-python baseline name -> its options (``LlamaPromptLookupDecoding``'s for the lookup)
+#: llama.cpp's own C++ server (built from the vendored source, :mod:`genspec.bench.llama_server`) at one client
+LLAMA_SERVER = "llama-server"
+#: llama.cpp baseline name -> its options (``LlamaPromptLookupDecoding``'s for the lookup; llama-server's
+#: speculation type for the server)
 LLAMACPP_METHODS: dict[str, tuple[str, ...]] = {
     LLAMACPP_PLAIN: (),
     "llamacpp-lookup": ("num_pred_tokens", "max_ngram_size"),
+    LLAMA_SERVER: ("spec_type",),
 }
 
 #: method-level keys that tune genspec's engine rather than the drafter
@@ -115,7 +119,13 @@ def parse_method(text: str, draft_model: str | None = None, backend: str = "torc
             raise ConfigError(f"method {text!r}: unknown option {unknown[0]!r}"
                               + (f"; it takes {', '.join(LLAMACPP_METHODS[name])}" if LLAMACPP_METHODS[name] else ""))
         for key, value in options.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if key == "spec_type":
+                from genspec.bench.llama_server import SPEC_TYPES
+
+                if value not in SPEC_TYPES:
+                    raise ConfigError(f"method {text!r}: spec_type must be one of {', '.join(SPEC_TYPES)}, "
+                                      f"got {value!r}")
+            elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"method {text!r}: {key} must be an integer >= 1, got {value!r}")
         return MethodSpec(text.strip(), "llamacpp", name, options)
     if name in HF_METHODS:

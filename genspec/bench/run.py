@@ -18,8 +18,8 @@ import genspec
 from genspec import strict_json
 from genspec.bench.analysis import summarize
 from genspec.bench.hf_baselines import ForwardClock, HFDecoder, StepLog, assistant_tokenizers, load_hf_model
-from genspec.bench.llamacpp_baselines import LlamaCppDecoder
-from genspec.bench.methods import HF_PLAIN, LLAMACPP_PLAIN, drafter_options, sweep_methods
+from genspec.bench.llamacpp_baselines import LlamaCppDecoder, LlamaServerDecoder
+from genspec.bench.methods import HF_PLAIN, LLAMA_SERVER, LLAMACPP_PLAIN, drafter_options, sweep_methods
 from genspec.bench.plots import write_plots
 from genspec.bench.prompts import encode_follow_up
 from genspec.bench.report import write_report
@@ -139,8 +139,12 @@ def execute(s: dict, prompts, console, command: str) -> dict:
             longest *= 2
         context = min(target.max_context or longest, -(-longest // 256) * 256)
         for spec in llamacpp_specs:
-            with console.status(f"loading llama-cpp-python's own Llama for {spec.name}"):
-                decoders[spec.name] = LlamaCppDecoder(spec, model_path, eos, context=context)
+            if spec.base == LLAMA_SERVER:
+                with console.status(f"starting llama.cpp's llama-server for {spec.name}"):
+                    decoders[spec.name] = LlamaServerDecoder(spec, model_path, eos, context=context)
+            else:
+                with console.status(f"loading llama-cpp-python's own Llama for {spec.name}"):
+                    decoders[spec.name] = LlamaCppDecoder(spec, model_path, eos, context=context)
     main = [decoders[m.name] for m in main_specs]
     if s["sweep_method"] and s["sweep_method"].name not in {m.name for m in main_specs}:
         sweep_decoders.append(decoders[s["sweep_method"].name])
