@@ -1,7 +1,14 @@
 """Load test of ``genspec serve``: speculation on vs off at several concurrency levels, in one run.
 
 ``--backend local`` (default): two servers on loopback (127.0.0.1), the same model, one with speculation
-(the default drafter) and one without (``--drafter none``). ``--backend ray --replicas 1,2``: for each
+(the default drafter) and one without (``--drafter none``). ``--versus-llama-server none,default,ngram-mod``
+adds llama.cpp's own C++ ``llama-server`` on the same GGUF file, once per listed speculation type (``none``:
+plain; ``default``: its ``--spec-default``; any model-free ``--spec-type``), with ``-np`` = the largest
+level; it is built from the llama.cpp source that llama-cpp-python vendors on first use
+(``genspec.bench.llama_server``, cached, its build time printed). With ``--held-out`` each level takes
+prompts of its own that ``genspec bench`` does not measure (each category's third prompt on), the same
+for every server, so no cross-request cache sees a prompt twice; and each server is started for one level
+and stopped after it, one server running at a time. ``--backend ray --replicas 1,2``: for each
 replica count in turn, one ``genspec serve --backend ray`` (its own local Ray instance, one at a time:
 two Ray instances would share two cores), speculation turned off per request
 (``"speculative": {"enabled": false}``) for the "off" runs. ``--versus-llamacpp-server`` adds
@@ -17,6 +24,8 @@ measures, framed as ``genspec bench`` frames them for a model without a chat tem
     python benchmarks/serving/serve_load.py --versus-llamacpp-server --concurrency 1,4,16 \
         --out benchmarks/results/serve_load_llamacpp
     python benchmarks/serving/serve_load.py --backend ray --replicas 1,2 --out benchmarks/results/serve_load_ray
+    python benchmarks/serving/serve_load.py --versus-llama-server none,default,ngram-simple,ngram-map-k \
+        --held-out --concurrency 1,4,16 --requests 13,26,52 --out benchmarks/results/serve_load_llama_server
 
 Writes results.json (every request's timings), report.md (a table per setup) and throughput.png.
 """
@@ -36,6 +45,7 @@ from pathlib import Path
 
 import httpx
 
+from genspec.bench.llama_server import SPEC_TYPES, server_binary, speculation_flags
 from genspec.bench.prompts import load_spec_bench
 
 
@@ -46,10 +56,18 @@ def free_port() -> int:
 
 
 LLAMACPP_SERVER = ("llama_cpp.server",)  # a mode's flags that start llama-cpp-python's own server instead
+LLAMA_SERVER = "llama-server"  # a mode's first flag that starts llama.cpp's C++ server (its speculation flags after)
 
 
 def start_server(flags: tuple[str, ...], port: int, args) -> subprocess.Popen:
-    if flags == LLAMACPP_SERVER:
+    if flags and flags[0] == LLAMA_SERVER:
+        # -np: a slot per client of the largest level; -c: 4,096 tokens a slot (the longest prompt plus 128 fits);
+        # its threads as genspec's llamacpp backend sets them (every core)
+        slots = max(args.levels)
+        command = [str(server_binary()), "-m", str(gguf_model(args)), "--host", "127.0.0.1", "--port", str(port),
+                   "-t", str(os.cpu_count()), "-tb", str(os.cpu_count()), "-np", str(slots),
+                   "-c", str(4096 * slots), "--no-webui", *flags[1:]]
+    elif flags == LLAMACPP_SERVER:
         # its defaults but the context (4,096: the longest prompt plus 128 tokens fits), the threads, which
         # genspec's llamacpp backend also sets to the machine's cores, and interrupt_requests: by default a new
         # request cuts the stream being served (19 of 20 requests failed at 4 clients); one Llama, requests
@@ -103,6 +121,7 @@ def one_request(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
     started = time.perf_counter()
     first = None
     tokens = chunks = 0
+    text = []
     try:
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
             if response.status_code != 200:
@@ -118,6 +137,7 @@ def one_request(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
                     first = time.perf_counter()
                 if any(c.get("text") for c in chunk.get("choices", [])):
                     chunks += 1
+                    text += [c["text"] for c in chunk["choices"] if c.get("text")]
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
     except httpx.HTTPError as exc:
@@ -125,7 +145,7 @@ def one_request(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
     end = time.perf_counter()
     tokens = tokens or chunks  # llama-cpp-python's server streams one token per chunk and no usage
     ttft = (first or end) - started
-    return {"ok": True, "tokens": tokens, "latency_s": end - started, "ttft_s": ttft,
+    return {"ok": True, "tokens": tokens, "text": "".join(text), "latency_s": end - started, "ttft_s": ttft,
             "tpot_s": (end - (first or end)) / (tokens - 1) if tokens > 1 else None}
 
 
@@ -141,6 +161,7 @@ def run_level(url: str, prompts: list[str], concurrency: int, requests: int, max
                 index = next_index[0]
                 next_index[0] += 1
             result = one_request(url, prompts[index % len(prompts)], max_tokens, extra)
+            result["prompt"] = index % len(prompts)
             with lock:
                 results.append(result)
 
@@ -184,6 +205,8 @@ def setups(args) -> list[tuple[str, dict]]:
         modes = {"on": (("--drafter", "prompt-lookup"), {}), "off": (("--drafter", "none"), {})}
         if args.versus_llamacpp_server:
             modes["llama.cpp"] = (LLAMACPP_SERVER, {})
+        for spec_type in args.llama_server_types:
+            modes[f"llama-server {spec_type}"] = ((LLAMA_SERVER, *speculation_flags(spec_type)), {})
         return [("local", modes)]
     return [(f"ray, {n} replica{'s' if n > 1 else ''}",
              {mode: (("--backend", "ray", "--replicas", str(n), "--drafter", "prompt-lookup"), extra)
@@ -191,56 +214,96 @@ def setups(args) -> list[tuple[str, dict]]:
             for n in (int(r) for r in args.replicas.split(","))]
 
 
+def level_prompts(prompts: list[str], levels: list[int], requests: list[int], held_out: bool) -> list[list[str]]:
+    """The prompts of each level: all of them at every level, or with ``held_out`` a new slice per level."""
+    if not held_out:
+        return [prompts] * len(levels)
+    if sum(requests) > len(prompts):
+        raise SystemExit(f"--held-out needs {sum(requests)} prompts, there are {len(prompts)}")
+    starts = [sum(requests[:i]) for i in range(len(levels))]
+    return [prompts[start:start + n] for start, n in zip(starts, requests)]
+
+
+def measure_level(label: str, mode: str, flags, extra: dict, prompts: list[str], level: int, requests: int,
+                  args, running: dict) -> dict:
+    """One level of one mode, on its running server (started now, and stopped after it with ``--held-out``)."""
+    if flags not in running:
+        port = free_port()
+        running[flags] = (start_server(flags, port, args), f"http://127.0.0.1:{port}")
+        print(f"[{label}] server {' '.join(flags)} on port {port}", flush=True)
+        run_level(running[flags][1], prompts[:1], 1, 1, 16, extra)  # warm-up, not measured
+    url = running[flags][1]
+    before = speculation_figures(url)
+    result = run_level(url, prompts, level, requests, args.max_tokens, extra)
+    after = speculation_figures(url)
+    result["speculation"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    print(f"[{label}] {mode:>22} c={level:<2} {result['tokens_per_s']:6.1f} tok/s  "
+          f"{result['requests_per_s']:.3f} req/s  ttft p50 {result['ttft_p50_s'] or 0:.2f}s  "
+          f"tpot p50 {result['tpot_p50_s'] or 0:.3f}s  failed {result['failed']}", flush=True)
+    if args.held_out:
+        stop_servers([running.pop(flags)[0]])
+    return result
+
+
 def measure(label: str, modes: dict, prompts: list[str], levels: list[int], args) -> dict:
-    """Start the setup's servers, run every level on and off (alternating which goes first), stop them."""
-    servers = {}
+    """Every level of every mode, the modes' order rotated from level to level (drifts hit every mode).
+    Without ``--held-out`` each setup's servers run together for the whole setup; with it one at a time."""
+    running: dict = {}
+    per_level = level_prompts(prompts, levels, args.requests, args.held_out)
+    results = {mode: [] for mode in modes}
     try:
-        for flags in dict.fromkeys(flags for flags, _ in modes.values()):
-            port = free_port()
-            servers[flags] = (start_server(flags, port, args), f"http://127.0.0.1:{port}")
-            print(f"[{label}] server {' '.join(flags)} on port {port}", flush=True)
-        for flags, extra in modes.values():  # warm-up, not measured
-            run_level(servers[flags][1], prompts[:1], 1, 1, 16, extra)
-        results = {mode: [] for mode in modes}
         for i, level in enumerate(levels):
             order = list(modes)
-            for mode in order[i % len(order):] + order[:i % len(order)]:  # rotated: drifts hit every mode
+            for mode in order[i % len(order):] + order[:i % len(order)]:
                 flags, extra = modes[mode]
-                url = servers[flags][1]
-                before = speculation_figures(url)
-                result = run_level(url, prompts, level, args.requests, args.max_tokens, extra)
-                after = speculation_figures(url)
-                result["speculation"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-                results[mode].append(result)
-                print(f"[{label}] {mode:>9} c={level:<2} {result['tokens_per_s']:6.1f} tok/s  "
-                      f"{result['requests_per_s']:.3f} req/s  ttft p50 {result['ttft_p50_s'] or 0:.2f}s  "
-                      f"tpot p50 {result['tpot_p50_s'] or 0:.3f}s  failed {result['failed']}", flush=True)
+                results[mode].append(measure_level(label, mode, flags, extra, per_level[i], level,
+                                                   args.requests[i], args, running))
         return results
     finally:
-        stop_servers([process for process, _ in servers.values()])
+        stop_servers([process for process, _ in running.values()])
+
+
+def same_texts(a: dict, b: dict) -> tuple[int, int]:
+    """(requests whose text is the same in both runs of a level, requests compared), matched by prompt."""
+    texts = {r["prompt"]: r["text"] for r in a["runs"] if r["ok"]}
+    pairs = [(texts[r["prompt"]], r["text"]) for r in b["runs"] if r["ok"] and r["prompt"] in texts]
+    return sum(x == y for x, y in pairs), len(pairs)
 
 
 def table(results: dict) -> list[str]:
-    versus = "llama.cpp" in results
-    lines = ["| concurrency | tok/s off | tok/s on | on / off | "
-             + ("llama.cpp server tok/s | on / llama.cpp server | " if versus else "")
-             + "req/s off | req/s on | TTFT p50 off / on (s) | "
-             "TTFT p99 off / on (s) | TPOT p50 off / on (s) | TPOT p99 off / on (s) | acceptance on | failed |",
-             "|" + "---|" * (14 if versus else 12)]
-    for i, (off, on) in enumerate(zip(results["off"], results["on"])):
+    """One row per level: every mode's throughput, genspec's ratios to the others, p50 TTFT, acceptance."""
+    modes = list(results)
+    theirs = [m for m in modes if m.startswith("llama-server")]
+    head = (["clients"] + [f"{m} tok/s" for m in modes] + ["on / off"]
+            + (["on / best llama-server", "off / llama-server none"] if theirs else [])
+            + (["on / llama.cpp server"] if "llama.cpp" in modes else [])
+            + [f"TTFT p50 {m} (s)" for m in modes] + ["same text on / off", "acceptance on", "failed"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, on in enumerate(results["on"]):
+        off = results["off"][i]
+        rate = {m: results[m][i]["tokens_per_s"] for m in modes}
+        cells = [str(on["concurrency"])] + [f"{rate[m]:.1f}" for m in modes] + [f"{rate['on'] / rate['off']:.2f}x"]
+        if theirs:
+            best = max(theirs, key=rate.get)
+            cells.append(f"{rate['on'] / rate[best]:.2f}x ({best.split()[-1]})")
+            cells.append(f"{rate['off'] / rate['llama-server none']:.2f}x" if "llama-server none" in rate else "-")
+        if "llama.cpp" in modes:
+            cells.append(f"{rate['on'] / rate['llama.cpp']:.2f}x")
+        cells += [f"{results[m][i]['ttft_p50_s'] or 0:.2f}" for m in modes]
+        same, compared = same_texts(off, on)
         drafted = on["speculation"].get("spec_decode_num_draft_tokens_total", 0)
         accepted = on["speculation"].get("spec_decode_num_accepted_tokens_total", 0)
-        theirs = results["llama.cpp"][i] if versus else None
-        failed = off["failed"] + on["failed"] + (theirs["failed"] if theirs else 0)
-        lines.append(
-            f"| {on['concurrency']} | {off['tokens_per_s']:.1f} | {on['tokens_per_s']:.1f} | "
-            f"{on['tokens_per_s'] / off['tokens_per_s']:.2f}x | "
-            + (f"{theirs['tokens_per_s']:.1f} | {on['tokens_per_s'] / theirs['tokens_per_s']:.2f}x | " if theirs else "")
-            + f"{off['requests_per_s']:.3f} | {on['requests_per_s']:.3f} | "
-            f"{off['ttft_p50_s']:.2f} / {on['ttft_p50_s']:.2f} | {off['ttft_p99_s']:.2f} / {on['ttft_p99_s']:.2f} | "
-            f"{off['tpot_p50_s']:.3f} / {on['tpot_p50_s']:.3f} | {off['tpot_p99_s']:.3f} / {on['tpot_p99_s']:.3f} | "
-            f"{accepted / drafted if drafted else 0:.2f} ({int(drafted)} drafted) | {failed} |")
+        cells += [f"{same}/{compared}", f"{accepted / drafted if drafted else 0:.2f} ({int(drafted)} drafted)",
+                  str(sum(results[m][i]["failed"] for m in modes))]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def llama_server_build() -> dict:
+    """What the llama-server binary was built from and with (its build.json), and the binary's path."""
+    binary = server_binary()
+    record = binary.parent.parent / "build.json"
+    return {"binary": str(binary), **(json.loads(record.read_text()) if record.is_file() else {})}
 
 
 def main() -> None:
@@ -249,22 +312,46 @@ def main() -> None:
     parser.add_argument("--backend", choices=["local", "ray"], default="local")
     parser.add_argument("--replicas", default="1,2", help="--backend ray: replica counts, measured in turn")
     parser.add_argument("--concurrency", default="1,2,4,8,16")
-    parser.add_argument("--requests", type=int, default=20, help="requests per concurrency level, setup and mode")
+    parser.add_argument("--requests", default="20",
+                        help="requests per concurrency level, setup and mode: one number, or one per level")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--versus-llamacpp-server", action="store_true",
                         help="--backend local: also measure llama-cpp-python's own OpenAI server on the same GGUF "
                              "(needs the llamacpp-server extra)")
+    parser.add_argument("--versus-llama-server", default="", metavar="TYPES",
+                        help="--backend local: also measure llama.cpp's llama-server on the same GGUF, once per "
+                             f"listed speculation type ({', '.join(SPEC_TYPES)})")
+    parser.add_argument("--held-out", action="store_true",
+                        help="prompts genspec bench does not measure, new ones at each level; one server at a time")
     parser.add_argument("--out", default="bench_results/serve_load")
     args = parser.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = args.levels = [int(c) for c in args.concurrency.split(",")]
+    requests = [int(r) for r in args.requests.split(",")]
+    if len(requests) not in (1, len(levels)):
+        raise SystemExit(f"--requests: one number or one per level ({len(levels)}), got {args.requests}")
+    args.requests = requests * len(levels) if len(requests) == 1 else requests
+    args.llama_server_types = [t for t in args.versus_llama_server.split(",") if t]
+    unknown = [t for t in args.llama_server_types if t not in SPEC_TYPES]
+    if unknown:
+        raise SystemExit(f"--versus-llama-server: unknown type {unknown[0]!r}; choose from {', '.join(SPEC_TYPES)}")
+    if args.llama_server_types:
+        server_binary()  # built now, not inside the first level's timing
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = [p.text for p in load_spec_bench(per_category=2)]
+    if args.held_out:  # round robin over the categories, so that every level's slice mixes them
+        by_category: dict[str, list[str]] = {}
+        for prompt in load_spec_bench(skip=2):
+            by_category.setdefault(prompt.category, []).append(prompt.text)
+        columns = list(by_category.values())
+        prompts = [column[i] for i in range(max(map(len, columns))) for column in columns if i < len(column)]
+    else:
+        prompts = [p.text for p in load_spec_bench(per_category=2)]
     started = time.time()
     results = {label: measure(label, modes, prompts, levels, args) for label, modes in setups(args)}
     machine = {"cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
     (out / "results.json").write_text(json.dumps({"command": " ".join(sys.argv), "settings": vars(args),
+                                                  "llama_server": llama_server_build() if args.llama_server_types else None,
                                                   "machine": machine, "wall_s": time.time() - started,
                                                   "results": results}, indent=1))
     lines = []
@@ -278,13 +365,15 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
+    styles = {"off": "--", "on": "-", "llama.cpp": ":"}
     for k, (label, result) in enumerate(results.items()):
-        for mode, style in (("off", "--"), ("on", "-"), ("llama.cpp", ":")):
-            if mode not in result:
-                continue
+        for j, mode in enumerate(result):
+            own = mode in ("on", "off")
             axis.plot([r["concurrency"] for r in result[mode]], [r["tokens_per_s"] for r in result[mode]],
-                      "o" + style, color=f"C{k}", label=(f"{label}: " if len(results) > 1 else "")
-                      + ("llama-cpp-python's server" if mode == "llama.cpp" else f"speculation {mode}"))
+                      "o" + styles.get(mode, ":"), color=f"C{k}" if own or len(results) > 1 else f"C{j}",
+                      label=(f"{label}: " if len(results) > 1 else "")
+                      + ({"llama.cpp": "llama-cpp-python's server"}.get(mode, mode) if not own
+                         else f"genspec, speculation {mode}"))
     axis.set_xscale("log", base=2)
     axis.set_xlabel("concurrent clients")
     axis.set_ylabel("output tokens / s")
