@@ -55,6 +55,36 @@ def test_gguf_model_computes_what_transformers_computes(tiny_gguf, target):
     assert target.lengths.tolist() == [len(prompt)]
 
 
+def test_transient_logits_are_forwards_without_the_copy(target):
+    """``forward_transient`` gives ``forward``'s logits bit for bit, for a block where every slot is an output
+    (llama.cpp's own buffer, no copy) and for padded rows (a reused buffer, zeros where a row has no token),
+    and the next call overwrites them, as its contract says; ``forward``'s logits stay the caller's."""
+    block = torch.tensor([[7, 8, 9], [10, 11, 12]])
+    for valid in (None, torch.tensor([[True, True, True], [True, False, False]])):
+        outputs = {}
+        for name in ("forward", "forward_transient"):
+            target.reset(0)
+            target.add_rows([[3, 4, 5], [6, 5, 4]])
+            outputs[name] = getattr(target, name)(block, valid)
+            outputs[name] = outputs[name].clone() if name == "forward_transient" else outputs[name]
+            target.keep_block(torch.tensor([[0], [0]]))
+        assert torch.equal(outputs["forward"], outputs["forward_transient"])
+        if valid is not None:
+            assert not outputs["forward"][1, 1:].any()
+    target.reset(0)
+    target.add_rows([[3, 4, 5]])
+    kept = target.forward(torch.tensor([[7]]))
+    kept_then = kept.clone()
+    target.commit_all()
+    first = target.forward_transient(torch.tensor([[8]]))
+    seen = first.clone()
+    target.commit_all()
+    target.forward_transient(torch.tensor([[9]]))
+    target.commit_all()
+    assert not torch.equal(first, seen)  # overwritten by the next call
+    assert torch.equal(kept, kept_then)  # forward's are the caller's
+
+
 def test_block_logits_equal_single_steps(target):
     """A k-token block's logits equal those of k one-token steps (the measured flip rate on the real model
     is in the manual; on this float32 model they agree to 1e-4), and rolling back a rejected tail leaves
@@ -111,9 +141,35 @@ def test_rows_join_and_leave_with_their_own_caches(target):
     assert (logits[1, 0] - expected["c"]).abs().max() < 1e-4
 
 
-def test_tree_block_sees_only_ancestors(target):
+@pytest.fixture(scope="module")
+def shared_target(tiny_gguf):
+    """The same model with the KV cache all rows share, which token trees need."""
+    path, _, tokenizer = tiny_gguf
+    return LlamaCppLM(path, tokenizer, context=256, max_rows=8, threads=1, shared_cache=True)
+
+
+def test_trees_need_the_shared_cache(tiny_gguf):
+    """A model with a cache stream per row (the default) refuses a token tree in one line; reserving room for
+    several candidates makes its cache a shared one, which takes it; one candidate leaves it as it is."""
+    path, _, tokenizer = tiny_gguf
+    model = LlamaCppLM(path, tokenizer, context=256, max_rows=2, threads=1)
+    assert not model.shared_cache
+    mask = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)
+    model.add_rows([[3, 4, 5]])
+    with pytest.raises(ConfigError, match="shared_cache=True"):
+        model.forward(torch.tensor([[20, 21, 22]]), tree_mask=mask)
+    model.reserve_candidates(1)
+    assert not model.shared_cache
+    model.reserve_candidates(3)
+    assert model.shared_cache and model.lengths.tolist() == []
+    model.add_rows([[3, 4, 5]])
+    assert model.forward(torch.tensor([[20, 21, 22]]), tree_mask=mask).shape == (1, 3, model.vocab_size)
+
+
+def test_tree_block_sees_only_ancestors(shared_target):
     """A token tree (root, two children, a grandchild under the second) gives each node the logits of its
     own path as a chain, and keeping a path leaves the cache of that chain."""
+    target = shared_target
     prompt = [3, 4, 5]
     tokens = torch.tensor([[20, 21, 22, 23]])  # 0 root; 1, 2 its children; 3 the child of 2
     mask = torch.tensor([[[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]], dtype=torch.bool)

@@ -117,6 +117,21 @@ class CausalLM(ABC):
         run every layer where it does not fit the block (:meth:`PrefixKV.fits`).
         """
 
+    def reserve_candidates(self, max_candidates: int) -> None:
+        """Blocks of up to ``max_candidates`` candidate chains per row (token trees when above 1) will come;
+        called before any row is added (the engine does so for its drafters), so a backend whose cache layout
+        depends on it can set it up, dropping any rows it holds. Default: nothing (the backend takes any tree)."""
+
+    def forward_transient(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
+                          tree_mask: torch.Tensor | None = None, last_only: bool = False,
+                          prefix: PrefixKV | None = None, return_hidden: bool = False,
+                          hidden_layers: tuple[int, ...] = ()):
+        """:meth:`forward` for a caller that is done with the logits before it calls the model again (the
+        engine's verify step): they may be a view of the model's own buffer, which its next call overwrites,
+        so a backend that computes them in a buffer of its own skips a copy. Default: :meth:`forward`."""
+        return self.forward(tokens, valid, tree_mask, last_only=last_only, prefix=prefix,
+                            return_hidden=return_hidden, hidden_layers=hidden_layers)
+
     @abstractmethod
     def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                       tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

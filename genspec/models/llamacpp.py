@@ -73,8 +73,12 @@ class LlamaCppLM(CausalLM):
 
     ``max_rows`` rows (sequences) of up to ``context`` tokens each (capped by the model's trained context);
     ``threads`` CPU threads (default: all cores this process may use); ``device`` other than ``cpu`` offloads
-    every layer to the GPU backend llama.cpp was built with (none: it stays on the CPU); ``repack`` True lets
-    llama.cpp repack the weights for its CPU kernels (off by default: see the comment where it is applied)."""
+    every layer to the GPU backend llama.cpp was built with (none: it stays on the CPU); ``repack`` lets
+    llama.cpp repack the weights for its CPU kernels (off by default: see the comment where it is applied);
+    ``shared_cache`` makes the KV cache one shared by all rows, which token trees need
+    (:meth:`reserve_candidates` makes it so when a drafter drafts them), instead of a stream per row;
+    ``flash_attention`` turns llama.cpp's fused attention on where the cache is a stream per row (on by
+    default; a shared cache runs without it: :meth:`_make_context` says why)."""
 
     backend = "llamacpp"
     # llama.cpp's quantised kernels take other paths for a block of tokens than for one (and with other rows in
@@ -88,7 +92,8 @@ class LlamaCppLM(CausalLM):
     uneven_verify_cost = True
 
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
-                 threads: int | None = None, device: str = "cpu", repack: bool = False):
+                 threads: int | None = None, device: str = "cpu", repack: bool = False, flash_attention: bool = True,
+                 shared_cache: bool = False):
         llama_cpp = _import_llama_cpp()
         _quiet_backend(llama_cpp)
         path = Path(path)
@@ -125,29 +130,12 @@ class LlamaCppLM(CausalLM):
         self.max_rows = max_rows
         self.tokenizer = tokenizer
         self.path = path
-        threads = threads or len(os.sched_getaffinity(0))
-        self._num_sequences = min(LLAMA_MAX_SEQUENCES, max_rows * (1 + MAX_LEAVES_PER_ROW))
-        if max_rows >= self._num_sequences:
+        if max_rows >= LLAMA_MAX_SEQUENCES:
             raise ConfigError(f"max_rows must be below {LLAMA_MAX_SEQUENCES} (llama.cpp's sequences), got {max_rows}")
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = self.max_context * max_rows + MAX_BLOCK_TOKENS * max_rows
-        params.n_batch = params.n_ubatch = max(512, MAX_BLOCK_TOKENS * max_rows)
-        params.n_seq_max = self._num_sequences
-        params.n_threads = params.n_threads_batch = threads
-        params.swa_full = True
-        params.kv_unified = True
-        params.no_perf = True
-        # llama.cpp's CPU flash attention accumulates float16 values in float16, in cell order: on the float32 test
-        # model a row's logits moved by 6e-4 when another row left the cache; without it they stay within 1e-6
-        # (tests/test_llamacpp.py::test_rows_join_and_leave_with_their_own_caches)
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self._context = llama_cpp.llama_init_from_model(self._model, params)
-        if not self._context:
-            llama_cpp.llama_model_free(self._model)
-            raise ConfigError(f"llama.cpp cannot make a context of {params.n_ctx} tokens for {max_rows} rows")
-        self._memory = llama_cpp.llama_get_memory(self._context)
-        self._batch_size = int(params.n_batch)
-        self._batch = llama_cpp.llama_batch_init(self._batch_size, 0, self._num_sequences)
+        self._threads = threads or len(os.sched_getaffinity(0))
+        self._flash_attention = flash_attention
+        self._context = self._batch = None
+        self._make_context(shared_cache)
         described = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self._model, described, 256)
         #: llama.cpp's description of the model: architecture, size and quantisation ("gemma3 270M Q4_K - Medium")
@@ -156,6 +144,53 @@ class LlamaCppLM(CausalLM):
         eos = {int(llama_cpp.llama_vocab_eos(vocab)), int(llama_cpp.llama_vocab_eot(vocab))}
         self._eos = tuple(sorted(i for i in eos if 0 <= i < self.vocab_size))
         self.reset(0)
+
+    def _make_context(self, shared: bool) -> None:
+        """(Re)create the llama.cpp context and its batch, with no rows. ``shared``: one KV cache whose cells every
+        sequence may share, a sequence per row and per tree leaf (token trees need it: a node belongs to the
+        sequences of all the leaves below it). Otherwise one cache stream per row: a row's attention reads its
+        own cells only, where in a shared cache every token's attention runs over the cells of all rows (masked),
+        which at 16 rows of 500-token contexts made a one-token step of the embedded model about 1.3x to 2x
+        slower (``python benchmarks/costs/llamacpp_decode_settings.py``)."""
+        llama_cpp = self._llama
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._context:
+            llama_cpp.llama_free(self._context)
+            self._context = None
+        max_rows = self.max_rows
+        self._num_sequences = min(LLAMA_MAX_SEQUENCES, max_rows * (1 + MAX_LEAVES_PER_ROW)) if shared else max_rows
+        self.shared_cache = shared
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = self.max_context * max_rows + MAX_BLOCK_TOKENS * max_rows  # split evenly between streams
+        params.n_batch = params.n_ubatch = max(512, MAX_BLOCK_TOKENS * max_rows)
+        params.n_seq_max = self._num_sequences
+        params.n_threads = params.n_threads_batch = self._threads
+        params.swa_full = True
+        params.kv_unified = shared
+        params.no_perf = True
+        # llama.cpp's CPU flash attention accumulates float16 values in float16, in cell order: in a shared cache a
+        # row's logits then move when another row leaves it, and a tree's nodes leave their chain's (by 5e-4 and
+        # 6e-4 on the float32 test model), so a shared cache runs without it; with a stream per row the cells a
+        # row reads are its own, in its order (tests/test_llamacpp.py::test_rows_join_and_leave_with_their_own_caches)
+        self.flash_attention = self._flash_attention and not shared
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attention
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        self._context = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._context:
+            raise ConfigError(f"llama.cpp cannot make a context of {params.n_ctx} tokens for {max_rows} rows")
+        self._memory = llama_cpp.llama_get_memory(self._context)
+        self._scratch_buffer: torch.Tensor | None = None
+        self._batch_size = int(params.n_batch)
+        self._batch = llama_cpp.llama_batch_init(self._batch_size, 0, self._num_sequences)
+
+    def reserve_candidates(self, max_candidates: int) -> None:
+        """Token trees of up to ``max_candidates`` chains will come: a context with a stream per row is made again
+        as a shared one, which trees need (the rows it held are dropped, as by ``reset(0)``)."""
+        if max_candidates > 1 and not self.shared_cache:
+            self._make_context(shared=True)
+            self.reset(0)
 
     def __del__(self):
         llama_cpp = getattr(self, "_llama", None)
@@ -240,6 +275,19 @@ class LlamaCppLM(CausalLM):
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False,
                 prefix: PrefixKV | None = None, return_hidden: bool = False, hidden_layers: tuple[int, ...] = ()):
+        return self._forward(tokens, valid, tree_mask, last_only, prefix, return_hidden, hidden_layers, False)
+
+    def forward_transient(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
+                          tree_mask: torch.Tensor | None = None, last_only: bool = False,
+                          prefix: PrefixKV | None = None, return_hidden: bool = False,
+                          hidden_layers: tuple[int, ...] = ()):
+        """:meth:`forward` whose logits are llama.cpp's own buffer when every slot of the block is an output
+        (no copy), else a buffer this model reuses from call to call: either is overwritten by the next call.
+        A fresh ``[B, n, V]`` tensor each step costs its page faults as well as the copy: 262,144 float32
+        logits are 1 MiB a slot, so 16 rows of 17-token blocks are 272 MiB of new memory."""
+        return self._forward(tokens, valid, tree_mask, last_only, prefix, return_hidden, hidden_layers, True)
+
+    def _forward(self, tokens, valid, tree_mask, last_only, prefix, return_hidden, hidden_layers, transient: bool):
         if prefix is not None:
             raise ConfigError("the llamacpp backend cannot take a block's first layers from a draft")
         if return_hidden or hidden_layers:
@@ -265,6 +313,9 @@ class LlamaCppLM(CausalLM):
                 ancestors = tree_mask[row, :count, :count].bool()
                 is_leaf = ~(ancestors.sum(0) > 1)  # no other node counts it among its ancestors
                 leaf_nodes = is_leaf.nonzero().flatten().tolist()
+                if not self.shared_cache:
+                    raise ConfigError("a token tree on a llamacpp model with a cache stream per row: build it with "
+                                      "shared_cache=True (or call reserve_candidates before adding rows)")
                 if next_leaf + len(leaf_nodes) > self._num_sequences:
                     raise ConfigError(f"token trees of {next_leaf - self.max_rows + len(leaf_nodes)} leaves in one "
                                       f"block exceed the llamacpp backend's {self._num_sequences - self.max_rows}")
@@ -285,16 +336,25 @@ class LlamaCppLM(CausalLM):
         self._block = (counts, leaves)
         if len(entries) > self._batch_size:
             raise ConfigError(f"a block of {len(entries)} tokens exceeds the llamacpp batch ({self._batch_size})")
-        logits = self._decode(entries)  # llama.cpp's buffer: copied once, into ``out``
-        out = torch.empty(rows, 1 if last_only else width, self.vocab_size, dtype=torch.float32)
-        if len(outputs) == out.shape[0] * out.shape[1]:  # every slot is an output, in order
-            out.view(-1, self.vocab_size).copy_(logits)
-        else:
-            out.zero_()
-            if outputs:
-                index = torch.tensor(outputs)
-                out[index[:, 0], 0 if last_only else index[:, 1]] = logits
+        logits = self._decode(entries)  # llama.cpp's buffer: copied at most once, into ``out``
+        shape = (rows, 1 if last_only else width, self.vocab_size)
+        if len(outputs) == shape[0] * shape[1]:  # every slot is an output, in order
+            return logits.view(shape) if transient else logits.view(shape).clone()
+        out = self._scratch(shape) if transient else torch.empty(shape, dtype=torch.float32)
+        slots = torch.zeros(shape[:2], dtype=torch.bool)
+        if outputs:
+            index = torch.tensor(outputs)
+            slots[index[:, 0], 0 if last_only else index[:, 1]] = True
+            out[slots] = logits  # in the outputs' order: row by row, then position
+        out[~slots] = 0.0
         return out
+
+    def _scratch(self, shape: tuple[int, int, int]) -> torch.Tensor:
+        """A ``shape`` view of the buffer :meth:`forward_transient` reuses (grown when too small)."""
+        needed = shape[0] * shape[1] * shape[2]
+        if self._scratch_buffer is None or self._scratch_buffer.numel() < needed:
+            self._scratch_buffer = torch.empty(needed, dtype=torch.float32)
+        return self._scratch_buffer[:needed].view(shape)
 
     def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                       tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
