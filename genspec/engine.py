@@ -87,6 +87,7 @@ class SpeculativeEngine:
         # the engine, each request's steps reach its own reader (a paused stream misses nothing)
         self._inboxes: dict[int, list[tuple[RequestStep, Exception | None]]] = {}
         self._ids = itertools.count()
+        self.target.reserve_candidates(max((d.capabilities.max_candidates for d in self.drafters.values()), default=1))
         self.target.reset(0)
 
     # ------------------------------------------------------------------ the step API
@@ -300,7 +301,10 @@ class SpeculativeEngine:
         groups, rows_plan = [], [RowPlan(None)] * len(self._running)
         for rows in by_group.values():
             requests = [self._running[row] for row in rows]
-            drafter, room = requests[0].drafter, [self._room(r) for r in requests]
+            # a row's room is what its policy can plan at most (k_max): a lookup asked for the whole token budget
+            # would copy a continuation of thousands of tokens to have all but k_max of them cut
+            drafter = requests[0].drafter
+            room = [min(self._room(r), r.policy.k_max) if r.policy is not None else self._room(r) for r in requests]
             offer = DraftOffer.free(Draft.empty(len(rows)))  # no drafter: nothing to draft
             if drafter is not None:
                 started = time.perf_counter()
@@ -361,8 +365,9 @@ class SpeculativeEngine:
         forward_started = time.perf_counter()
         reads_hidden = any(r.reads_hidden for g in groups for r in g.requests)
         layers = hidden_layers_of([r for g in groups for r in g.requests])
-        logits = self.target.forward(tokens, valid, tree_mask, prefix=prefix, return_hidden=reads_hidden,
-                                     hidden_layers=layers)
+        # read before the target's next call: its own buffer will do (forward_transient)
+        logits = self.target.forward_transient(tokens, valid, tree_mask, prefix=prefix, return_hidden=reads_hidden,
+                                               hidden_layers=layers)
         if reads_hidden:
             logits, hidden = logits
         bad = unusable_rows(logits, valid)

@@ -856,3 +856,27 @@ def test_a_kept_branch_with_no_child_tests_no_later_position():
         seen = engine.acceptance_memory[("oracle", True)].levels[None]
         assert seen.rate_first == 1.0
         assert (seen.later[1] == 0) if tree else (seen.later[1] > 0 and seen.later[0] == 0)
+
+
+def test_a_drafter_is_offered_no_more_room_than_its_policy_can_plan():
+    """The room a free drafter is asked to fill is the request's budget capped at its policy's k_max: a
+    500-token budget with k = 6 asks for at most 6 tokens (a lookup asked for the whole budget copied
+    continuations of hundreds of tokens, all cut to k_max but those); near the end, the budget caps it."""
+    from genspec.drafters.base import Draft, Drafter, DrafterCapabilities
+
+    target, prompt, _ = _plain_run(1)
+    asked: list[int] = []
+
+    class Recording(Drafter):
+        name, capabilities = "recording", DrafterCapabilities(free=True)
+
+        def propose(self, requests):
+            asked.extend(r.max_tokens for r in requests)
+            return Draft.from_chains([[[7] * r.max_tokens] for r in requests])
+
+    engine = SpeculativeEngine(target, Recording())
+    engine.generate_ids(prompt, max_new_tokens=500, num_draft_tokens=6, eos_token_ids=())
+    assert asked and max(asked) == 6
+    asked.clear()
+    engine.generate_ids(prompt, max_new_tokens=4, num_draft_tokens=6, eos_token_ids=())
+    assert asked[0] == 3  # 4 tokens left: 3 drafts and the token after them
