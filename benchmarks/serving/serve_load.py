@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,28 +44,20 @@ from pathlib import Path
 
 import httpx
 
-from genspec.bench.llama_server import SPEC_TYPES, server_binary, speculation_flags
+from genspec.bench.llama_server import SPEC_TYPES, free_port, server_binary, server_command
 from genspec.bench.prompts import load_spec_bench
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 LLAMACPP_SERVER = ("llama_cpp.server",)  # a mode's flags that start llama-cpp-python's own server instead
-LLAMA_SERVER = "llama-server"  # a mode's first flag that starts llama.cpp's C++ server (its speculation flags after)
+LLAMA_SERVER = "llama-server"  # a mode's first flag that starts llama.cpp's C++ server (its speculation type after)
 
 
 def start_server(flags: tuple[str, ...], port: int, args) -> subprocess.Popen:
     if flags and flags[0] == LLAMA_SERVER:
         # -np: a slot per client of the largest level; -c: 4,096 tokens a slot (the longest prompt plus 128 fits);
         # its threads as genspec's llamacpp backend sets them (every core)
-        slots = max(args.levels)
-        command = [str(server_binary()), "-m", str(gguf_model(args)), "--host", "127.0.0.1", "--port", str(port),
-                   "-t", str(os.cpu_count()), "-tb", str(os.cpu_count()), "-np", str(slots),
-                   "-c", str(4096 * slots), "--no-webui", *flags[1:]]
+        command = server_command(gguf_model(args), port, flags[1], parallel=max(args.levels), context=4096,
+                                 threads=os.cpu_count())
     elif flags == LLAMACPP_SERVER:
         # its defaults but the context (4,096: the longest prompt plus 128 tokens fits), the threads, which
         # genspec's llamacpp backend also sets to the machine's cores, and interrupt_requests: by default a new
@@ -206,7 +197,7 @@ def setups(args) -> list[tuple[str, dict]]:
         if args.versus_llamacpp_server:
             modes["llama.cpp"] = (LLAMACPP_SERVER, {})
         for spec_type in args.llama_server_types:
-            modes[f"llama-server {spec_type}"] = ((LLAMA_SERVER, *speculation_flags(spec_type)), {})
+            modes[f"llama-server {spec_type}"] = ((LLAMA_SERVER, spec_type), {})
         return [("local", modes)]
     return [(f"ray, {n} replica{'s' if n > 1 else ''}",
              {mode: (("--backend", "ray", "--replicas", str(n), "--drafter", "prompt-lookup"), extra)

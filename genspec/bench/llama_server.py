@@ -150,6 +150,16 @@ def speculation_flags(spec_type: str) -> list[str]:
     return {"none": [], "default": ["--spec-default"]}.get(spec_type, ["--spec-type", spec_type])
 
 
+def server_command(model: Path, port: int, spec_type: str = "none", parallel: int = 1, context: int = 4096,
+                   threads: int | None = None, extra: tuple[str, ...] = (), binary: Path | None = None) -> list[str]:
+    """llama-server's command line on loopback: ``parallel`` slots of ``context`` tokens each, ``threads`` for
+    both ``-t`` and ``-tb`` (default: every core this process may use), one :data:`SPEC_TYPES` value."""
+    threads = threads or len(os.sched_getaffinity(0))
+    return [str(binary or server_binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(threads), "-tb", str(threads), "-np", str(parallel), "-c", str(context * parallel),
+            "--no-webui", *speculation_flags(spec_type), *extra]
+
+
 class LlamaServer:
     """One ``llama-server`` process on loopback, started on entering and stopped on leaving.
 
@@ -164,11 +174,7 @@ class LlamaServer:
             raise ConfigError(f"unknown llama-server speculation {spec_type!r}; choose from {', '.join(SPEC_TYPES)}")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        threads = threads or len(os.sched_getaffinity(0))
-        self.command = [str(binary or server_binary()), "-m", str(model), "--host", "127.0.0.1",
-                        "--port", str(self.port), "-t", str(threads), "-tb", str(threads), "-np", str(parallel),
-                        "-c", str(context * parallel), "--no-webui",
-                        *speculation_flags(spec_type), *extra]
+        self.command = server_command(model, self.port, spec_type, parallel, context, threads, extra, binary)
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> LlamaServer:

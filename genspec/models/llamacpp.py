@@ -150,8 +150,7 @@ class LlamaCppLM(CausalLM):
         sequence may share, a sequence per row and per tree leaf (token trees need it: a node belongs to the
         sequences of all the leaves below it). Otherwise one cache stream per row: a row's attention reads its
         own cells only, where in a shared cache every token's attention runs over the cells of all rows (masked),
-        which at 16 rows of 500-token contexts made a one-token step of the embedded model about 1.3x to 2x
-        slower (``python benchmarks/costs/llamacpp_decode_settings.py``)."""
+        so its cost grows with the rows times their contexts (the manual's backends page has the figures)."""
         llama_cpp = self._llama
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
