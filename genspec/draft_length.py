@@ -117,8 +117,12 @@ class CostModel:
         self.decay = decay
         self.growth_prior = growth_prior
         self.explore_every = explore_every
-        self.verify: dict[tuple[int, int], float] = {}  # (batch, width) -> seconds
+        self.verify: dict[tuple[int, int], float] = {}  # (batch, width) -> seconds; changed by observe_verify only
         self.prefill_per_token: float | None = None  # the target's prefill, seconds per prompt token
+        self._priced: dict[tuple[int, int], float | None] = {}  # (width, batch) -> verify_cost, until an observation
+        # batch -> what steps of several blocks took over the sum of their blocks' costs (the engine's work over
+        # the padded slots of its logits, contexts longer than the calibration's): such a step is priced at it
+        self.split_factor: dict[int, float] = {}
         self._explore_wait: dict[int, int] = {}  # batch -> plans since the last exploration
 
     def widest(self, batch: int = 1) -> int:
@@ -144,8 +148,18 @@ class CostModel:
             self.prefill_per_token = value if old is None else self.decay * old + (1 - self.decay) * value
 
     def observe_verify(self, width: int, seconds: float, batch: int = 1) -> None:
+        self._priced.clear()
         old = self.verify.get((batch, width))
         self.verify[(batch, width)] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+
+    def observe_split(self, shapes: list[tuple[int, int]], seconds: float, batch: int) -> None:
+        """A step of ``batch`` rows the target ran as the blocks ``shapes`` (more than one) took ``seconds``: the
+        ratio to its blocks' summed costs, a running average per batch size, prices such steps from now on."""
+        costs = [self.verify_cost(tokens, rows) for rows, tokens in shapes]
+        if len(shapes) < 2 or any(c is None or c <= 0 for c in costs):
+            return
+        value, old = seconds / sum(costs), self.split_factor.get(batch)
+        self.split_factor[batch] = value if old is None else self.decay * old + (1 - self.decay) * value
 
     def _widths(self, batch: int) -> dict[int, float]:
         """The measured widths of ``batch`` rows, each at most what any wider block of them cost: timing
@@ -160,18 +174,54 @@ class CostModel:
 
     def verify_cost(self, width: int, batch: int = 1) -> float | None:
         """Seconds to verify ``batch`` rows of ``width`` tokens (None if nothing is known of this batch
-        size and nothing can be borrowed)."""
+        size and nothing can be borrowed). A batch size with fewer than two widths measured, between two
+        that have this width measured, is interpolated linearly in the rows (12 rows x 1 token between 8
+        and 16 rows: the micro-batches of a ragged step have such shapes)."""
+        key = (width, batch)
+        if key not in self._priced:  # a plan prices many shapes per step: each once until the next observation
+            self._priced[key] = self._verify_cost(width, batch)
+        return self._priced[key]
+
+    def _verify_cost(self, width: int, batch: int) -> float | None:
         curve = self._widths(batch)
         if width in curve:
             return curve[width]
         if len(curve) >= 2:
             return _along(curve, width, self.growth_prior)
+        between = self._between_batches(width, batch)
+        if between is not None:
+            return between
         step = curve.get(1) if curve else None
         if step is None:
             step = self._borrowed_step(batch)
             if step is None:
                 return None
         return step * self.relative(width, batch)
+
+    def _between_batches(self, width: int, batch: int) -> float | None:
+        """``width`` tokens at ``batch`` rows, linear between the nearest batch sizes below and above that have
+        that width measured (None where there are not both)."""
+        measured = {b: self._widths(b)[width] for b, w in self.verify if w == width}
+        below = [b for b in measured if b < batch]
+        above = [b for b in measured if b > batch]
+        if not below or not above:
+            return None
+        lo, hi = max(below), min(above)
+        return measured[lo] + (measured[hi] - measured[lo]) * (batch - lo) / (hi - lo)
+
+    def shapes_relative(self, shapes: list[tuple[int, int]], batch: int) -> float:
+        """The cost of a step that runs as the uniform blocks ``shapes`` (``(rows, tokens)`` each:
+        :meth:`genspec.models.base.CausalLM.block_shapes`), in plain steps of ``batch`` rows: the sum of the
+        blocks' verify costs, times what such steps were seen to cost over that sum (:meth:`observe_split`). One
+        block of all the rows is :meth:`relative` of its width; where a block's cost or the plain step is unknown,
+        the step is priced as its rows padded to the widest."""
+        if len(shapes) == 1 and shapes[0][0] == batch:
+            return self.relative(shapes[0][1], batch)
+        plain = self.verify_cost(1, batch)
+        costs = [self.verify_cost(tokens, rows) for rows, tokens in shapes]
+        if plain is None or plain <= 0 or any(c is None for c in costs):
+            return self.relative(sum(tokens for _, tokens in shapes), batch)
+        return self.split_factor.get(batch, 1.0) * sum(costs) / plain
 
     def _borrowed_step(self, batch: int) -> float | None:
         """A plain step at ``batch`` rows from the nearest measured plain step (linear in rows)."""
@@ -532,7 +582,13 @@ class RowPlan:
         return self.block(depth) if self.block is not None and depth > 0 else depth
 
 
-def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
+def padded(widths: list[int]) -> list[tuple[int, int]]:
+    """A step's rows padded to the widest: one block (the default :meth:`CausalLM.block_shapes`)."""
+    return [(len(widths), max(widths))] if widths else []
+
+
+def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], list[tuple[int, int]]] = padded
+         ) -> list[int]:
     """Draft lengths for one batch step. Rows with a fixed or heuristic policy draft their own k. For
     each depth d the cost rows draft ``min(d, cap)`` tokens: a free drafter's rows always
     (their tokens fill a block that is that wide anyway), a costly drafter's rows together if that raises
@@ -549,7 +605,13 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     may be wrong and, if too dear, would never be corrected. If such a width would beat the choice
     above when it cost what the growth prior says (or less, where the model says so), the plan drafts
     it when :meth:`CostModel.explore_due` says so (the first such plan, then one in ``EXPLORE_EVERY``),
-    taking the widest such block."""
+    taking the widest such block.
+
+    ``shapes``: the uniform blocks the target runs a step of given row widths as (its
+    :meth:`~genspec.models.base.CausalLM.block_shapes`), priced by :meth:`CostModel.shapes_relative`. Where
+    rows are not padded (llama.cpp with a cache stream per row), one row drafting 4 tokens beside 15 plain ones
+    costs a 16 x 1 block and a 1 x 4 one, not 16 x 5: 117 against 89 ms for the plain step, where 16 x 5
+    would cost about 4 plain steps (``python benchmarks/costs/ragged_step_cost.py``)."""
     batch = len(rows)
     ks = [min(r.policy.current, r.cap) if r.policy is not None and r.policy.policy is not DraftLengthPolicy.COST else 0 for r in rows]
     costed = [i for i, r in enumerate(rows) if r.policy is not None and r.policy.policy is DraftLengthPolicy.COST and r.cap > 0]
@@ -558,14 +620,19 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     step = costs.verify_cost(1, batch)
     widest = costs.widest(batch)
 
+    gains: dict[tuple[int, int], float] = {}  # each row's gain at each depth, computed once per plan
+
     def gain(i: int, k: int) -> float:
-        return rows[i].policy.expected_tokens(k, rows[i].evidence) - 1.0
+        if (i, k) not in gains:
+            gains[(i, k)] = rows[i].policy.expected_tokens(k, rows[i].evidence) - 1.0
+        return gains[(i, k)]
 
-    def estimated(width: int) -> float:
-        return costs.relative(width, batch)
+    def estimated(lengths: list[int]) -> float:
+        return costs.shapes_relative(shapes([1 + r.width(k) for r, k in zip(rows, lengths)]), batch)
 
-    def optimistic(width: int) -> float:  # unmeasured wider blocks at the growth prior's cost, if lower
-        return min(estimated(width), costs.prior_relative(width)) if width > widest else estimated(width)
+    def optimistic(lengths: list[int]) -> float:  # unmeasured wider blocks at the growth prior's cost, if lower
+        width = block_width(lengths)
+        return min(estimated(lengths), costs.prior_relative(width)) if width > widest else estimated(lengths)
 
     def rate(lengths: list[int], relative=estimated) -> float:
         tokens = batch + sum(gain(i, k) for i, k in enumerate(lengths) if k and rows[i].policy is not None)
@@ -575,7 +642,7 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
                 cost, most = longest.get(id(r.draft_cost), (r.draft_cost, 0))
                 longest[id(r.draft_cost)] = (cost, max(most, k))
         draft_steps = sum(c.draft_steps(step, k) for c, k in longest.values())
-        return tokens / (relative(block_width(lengths)) + draft_steps)
+        return tokens / (relative(lengths) + draft_steps)
 
     def block_width(lengths: list[int]) -> int:
         return 1 + max(r.width(k) for r, k in zip(rows, lengths))
@@ -590,10 +657,22 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
 
     def fill(depth: int, relative) -> tuple[list[int], float]:
         """The lengths for drafts at most ``depth`` deep and their rate (verify costs from ``relative``)."""
-        trial = list(ks)
-        for i in free:  # free tokens in a block that is this wide anyway
-            trial[i] = min(depth, rows[i].cap, rows[i].policy.k_max)
-        current = rate(trial, relative)
+        lengths = {i: min(depth, rows[i].cap, rows[i].policy.k_max) for i in free}
+        if shapes is padded:  # free tokens in a block that is this wide anyway
+            trial = list(ks)
+            for i in free:
+                trial[i] = lengths[i]
+            current = rate(trial, relative)
+        else:  # each row's tokens cost their own: the likeliest to gain first, as many as give the best rate
+            trial, current = list(ks), rate(ks, relative)
+            candidate, order = list(ks), sorted(free, key=lambda i: gain(i, lengths[i]), reverse=True)
+            for n, i in enumerate(order):
+                candidate[i] = lengths[i]
+                if n + 1 < len(order) and gain(order[n + 1], lengths[order[n + 1]]) == gain(i, lengths[i]):
+                    continue  # rows that gain alike are taken together (one rate per evidence level, not per row)
+                value = rate(candidate, relative)
+                if value >= current:
+                    trial, current = list(candidate), value
         for group in by_drafter.values():  # a costly drafter drafts for its rows, or not at all
             candidate = list(trial)
             for i in group:
@@ -623,11 +702,12 @@ def plan(rows: list[RowPlan], costs: CostModel) -> list[int]:
     return best
 
 
-def decide(rows: list[RowPlan], costs: CostModel) -> list[int]:
-    """The lengths a batch step drafts: the :func:`plan`, then, for the costly rows of the cost policy, a
+def decide(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], list[tuple[int, int]]] = padded
+           ) -> list[int]:
+    """The lengths a batch step drafts: the :func:`plan` (``shapes`` as there), then, for the costly rows of the cost policy, a
     one-token probe now and then where the plan switched them off (:meth:`DraftLength.after_plan`), if it is
     affordable (:func:`probe_affordable`, checked only when a probe is due), each at most the row's room."""
-    lengths = plan(rows, costs)
+    lengths = plan(rows, costs, shapes)
     for i, row in enumerate(rows):
         if row.policy is None or row.draft_cost is None or row.policy.policy is not DraftLengthPolicy.COST:
             continue

@@ -74,7 +74,7 @@ class SpeculativeEngine:
             max_batch_size = min(max_batch_size or target.max_rows, target.max_rows)
         self.max_batch_size = max_batch_size
         self.costs = cost_model or CostModel()  # the target's verify costs, by block size
-        self._timed_shapes: set[tuple[int, int]] = set()  # (batch, width) verified once at least
+        self._timed_shapes: set[tuple[int, int]] = set()  # (rows, tokens) verified once at least
         # each costly drafter's time per draft position
         self.draft_costs = {name: DraftCost(prior_steps=d.capabilities.draft_cost_prior)
                             for name, d in self.drafters.items() if d.capabilities.costly}
@@ -318,7 +318,7 @@ class SpeculativeEngine:
                         drafter.block_tokens if costly else None, room[i],
                         lambda r=request: r.drafter.catch_up_tokens(r.id, r.sequence))
             groups.append(Group(rows, requests, offer))
-        planned = decide(rows_plan, self.costs)
+        planned = decide(rows_plan, self.costs, self.target.block_shapes)
         for group in groups:
             group.draft = self._draft_planned(group, [planned[row] for row in group.rows], record)
         return groups
@@ -391,13 +391,18 @@ class SpeculativeEngine:
                     request.pending_hidden.append(own_hidden(hidden[row, path[path >= 0]], layers, request.hidden_layers))
         record.verify_time_s = time.perf_counter() - started
         record.batch_size, record.block_width = batch, width
-        if (batch, width) in self._timed_shapes:
-            self.costs.observe_verify(width, record.verify_time_s, batch)
-        else:  # a shape's first call pays one-time costs (kernels picked, the packed head weight made): a fresh
+        # the costs are kept by uniform block: a step the target ran as several (unpadded rows of different
+        # widths) is priced from them, and its time tells only how far off that price is
+        shapes = self.target.block_shapes(valid.sum(1).tolist())
+        if len(shapes) > 1:
+            self.costs.observe_split(shapes, record.verify_time_s, batch)
+        elif shapes and shapes[0] in self._timed_shapes:
+            self.costs.observe_verify(shapes[0][1], record.verify_time_s, shapes[0][0])
+        elif shapes:  # a shape's first call pays one-time costs (kernels picked, the packed head weight made): a fresh
             # engine's first 5-token block took 301 ms, the next seven 55-68 ms (plain steps 48-53 ms); averaged in,
             # it would price the head's tree at 4 plain steps and switch it off after 3 drafts of a 24-token answer
             # (python benchmarks/costs/first_verify_cost.py). Calibration drops its first timing too
-            self._timed_shapes.add((batch, width))
+            self._timed_shapes.add(shapes[0])
         for group in groups:  # after the verify time is taken: measuring and reporting are not verifying
             if any(r.config.logprobs is not None for r in group.requests):
                 group.logprobs = self._logprobs(group, logits)

@@ -13,6 +13,7 @@ from genspec.drafters.base import DraftRequest, RequestContext
 from genspec.engine import GenerationConfig, SpeculativeEngine
 from genspec.errors import ConfigError
 from genspec.models import HFCausalLM
+from genspec.models.base import equal_split
 
 
 def test_heuristic_schedule():
@@ -283,7 +284,7 @@ def test_engine_drops_weak_free_drafts_and_stays_exact():
 
     class Synthetic(CostModel):
         def observe_verify(self, width, seconds, batch=1):
-            self.verify[(batch, width)] = 1 + 0.1 * (width - 1)
+            super().observe_verify(width, 1 + 0.1 * (width - 1), batch)
 
     target, prompt, plain = _plain_run(60)
 
@@ -368,6 +369,67 @@ def test_weak_drafts_fill_the_block_a_strong_one_pays_for():
     assert lengths[0] > 0 and lengths[1:] == [lengths[0]] * 7
     doubtful = [RowPlan(_policy(0.1, 0.5), None, 8) for _ in range(8)]
     assert plan(doubtful, costs) == [0] * 8  # without the sure one, the block is not worth widening
+
+
+def test_unpadded_rows_are_priced_by_the_blocks_they_run_as_so_weak_drafts_stay_out():
+    """Where rows are not padded (llama.cpp with a cache stream per row), 8 sure rows among 8 doubtful ones draft
+    and the doubtful ones do not: their tokens would cost their own positions. Padded, the sure rows pay for a
+    block every row fills, narrower, since each position of it costs all 16 rows."""
+    costs = CostModel()
+    for batch in (1, 2, 4, 8, 16):
+        for width in range(1, 10):
+            costs.observe_verify(width, 0.05 + 0.002 * batch * width, batch)  # a pass, and each position
+    rows = [RowPlan(_policy(0.95, 0.95), None, 8) for _ in range(8)] + [RowPlan(_policy(0.1, 0.5), None, 8)
+                                                                        for _ in range(8)]
+    assert plan(rows, costs, equal_split) == [8] * 8 + [0] * 8
+    padded = plan(rows, costs)
+    assert len(set(padded)) == 1 and 0 < padded[0] < 8
+    # 16 plain rows and 8 of 9 tokens run as 16 x 1 then 8 x 8: 0.082 + 0.178 s, 3.17 plain steps
+    assert costs.shapes_relative(equal_split([9] * 8 + [1] * 8), 16) == pytest.approx((0.082 + 0.178) / 0.082)
+    assert costs.shapes_relative([(16, 9)], 16) == pytest.approx(costs.relative(9, 16))  # one block: as before
+
+
+def test_a_step_that_is_no_longer_worth_it_row_by_row_is_not_drafted():
+    """Unpadded, a single sure row beside 15 plain ones pays nothing where every block costs a pass of its
+    own and each position about a row's plain token (a compute-bound CPU): the plan drafts none."""
+    costs = CostModel()
+    for batch in (1, 16):
+        for width in range(1, 10):
+            costs.observe_verify(width, 0.01 + 0.005 * batch * width, batch)
+    rows = [RowPlan(_policy(0.95, 0.95), None, 8)] + [RowPlan(None) for _ in range(15)]
+    assert plan(rows, costs, equal_split) == [0] * 16
+
+
+def test_split_steps_are_priced_at_what_they_were_seen_to_cost_over_their_blocks():
+    costs = CostModel()
+    for batch, seconds in ((1, 0.02), (16, 0.09)):
+        for width in range(1, 6):
+            costs.observe_verify(width, seconds * width, batch)
+    shapes = equal_split([5] + [1] * 15)  # 16 x 1 + 1 x 4
+    assert costs.shapes_relative(shapes, 16) == pytest.approx((0.09 + 0.08) / 0.09)
+    costs.observe_split(shapes, 0.17 * 1.5, 16)  # took 1.5x its blocks' sum
+    assert costs.shapes_relative(shapes, 16) == pytest.approx(1.5 * (0.09 + 0.08) / 0.09)
+    costs.observe_split([(16, 1)], 1.0, 16)  # one block is no split step: nothing learned
+    assert costs.split_factor == {16: pytest.approx(1.5)}
+
+
+def test_cost_model_interpolates_between_batch_sizes():
+    costs = CostModel()
+    costs.observe_verify(1, 0.08, batch=8)
+    costs.observe_verify(1, 0.16, batch=16)
+    assert costs.verify_cost(1, batch=12) == pytest.approx(0.12)
+    assert costs.verify_cost(1, batch=10) == pytest.approx(0.10)
+    costs.observe_verify(1, 0.20, batch=16)  # an observation prices again
+    assert costs.verify_cost(1, batch=12) == pytest.approx(0.08 + 0.5 * (0.8 * 0.16 + 0.2 * 0.20 - 0.08))
+
+
+def test_equal_split_takes_the_same_tokens_from_every_row_left():
+    assert equal_split([5, 2, 1, 1]) == [(4, 1), (2, 1), (1, 3)]
+    assert equal_split([3, 3]) == [(2, 3)]
+    assert equal_split([1]) == [(1, 1)]
+    assert equal_split([0, 2]) == [(1, 2)]
+    assert equal_split([]) == []
+    assert sum(rows * tokens for rows, tokens in equal_split([7, 1, 4, 4, 2])) == 18  # every token once
 
 
 def test_a_costly_drafter_drafts_only_for_rows_that_pay_its_time():
@@ -654,7 +716,7 @@ def test_an_engine_does_not_pay_again_for_weak_drafts_an_earlier_request_showed_
 
     class Synthetic(CostModel):
         def observe_verify(self, width, seconds, batch=1):
-            self.verify[(batch, width)] = 1 + 0.1 * (width - 1)
+            super().observe_verify(width, 1 + 0.1 * (width - 1), batch)
 
     target, prompt, plain = _plain_run(40)
 

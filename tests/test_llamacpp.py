@@ -166,6 +166,15 @@ def test_trees_need_the_shared_cache(tiny_gguf):
     assert model.forward(torch.tensor([[20, 21, 22]]), tree_mask=mask).shape == (1, 3, model.vocab_size)
 
 
+def test_block_shapes_follow_the_cache_layout(target, shared_target):
+    """With a stream per row llama.cpp takes the same tokens from every row left (micro-batch by micro-batch);
+    with a shared cache all the tokens go into one, priced as spread evenly over the rows."""
+    assert target.block_shapes([5, 2, 1, 1]) == [(4, 1), (2, 1), (1, 3)]
+    assert target.block_shapes([3, 3, 3]) == [(3, 3)]
+    assert shared_target.block_shapes([5, 2, 1, 1]) == [(4, 3)]
+    assert shared_target.block_shapes([]) == [] and target.block_shapes([]) == []
+
+
 def test_tree_block_sees_only_ancestors(shared_target):
     """A token tree (root, two children, a grandchild under the second) gives each node the logits of its
     own path as a chain, and keeping a path leaves the cache of that chain."""

@@ -37,6 +37,17 @@ class PrefixKV:
                 and (self.valid is None or torch.equal(self.valid.to(valid.device), valid)))
 
 
+def equal_split(widths: list[int]) -> list[tuple[int, int]]:
+    """The uniform blocks ``(rows, tokens)`` of a step whose rows hold ``widths`` tokens each, taken as llama.cpp
+    splits a batch when every row has a cache stream of its own: the same number of tokens from every row that
+    has any left, each time. ``[5, 2, 1, 1]`` runs as 4 rows x 1 token, then 2 rows x 1, then 1 row x 3."""
+    shapes, done = [], 0
+    for level in sorted({w for w in widths if w > 0}):
+        shapes.append((sum(w >= level for w in widths), level - done))
+        done = level
+    return shapes
+
+
 class CausalLM(ABC):
     """A causal language model with a per-row KV cache.
 
@@ -116,6 +127,13 @@ class CausalLM(ABC):
         by an early-exit draft (see :meth:`prefix_for`); only models that support it accept one, and they
         run every layer where it does not fit the block (:meth:`PrefixKV.fits`).
         """
+
+    def block_shapes(self, widths: list[int]) -> list[tuple[int, int]]:
+        """The uniform blocks ``(rows, tokens)`` a verify step runs as when its rows hold ``widths`` tokens each
+        (one entry per row, >= 1): what the step costs, for the draft-length plan
+        (:meth:`genspec.draft_length.CostModel.shapes_cost`). Default: one block, every row padded to the widest
+        (``[3, 1, 1]`` runs as ``[(3, 3)]``)."""
+        return [(len(widths), max(widths))] if widths else []
 
     def reserve_candidates(self, max_candidates: int) -> None:
         """Blocks of up to ``max_candidates`` candidate chains per row (token trees when above 1) will come;

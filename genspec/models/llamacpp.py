@@ -1,12 +1,15 @@
 """Adapter for a GGUF model run by llama.cpp (through llama-cpp-python's low-level API).
 
-Design: each engine row is a llama.cpp *sequence* in one unified KV cache (``kv_unified``: sequences share
-its cells, so a token may belong to several). A block is one ``llama_decode`` batch whose tokens carry
-their row's sequence id and position (row length + depth) and ask for logits only where the caller
-reads them. Rolling back is ``llama_memory_seq_rm`` past the kept tokens. A token tree is laid out as
-one temporary sequence per leaf: a node belongs to the sequences of every leaf below it, so each node
-attends exactly to its ancestors (llama.cpp masks by the query token's first sequence and by position);
-the kept path is copied into the row's sequence and the temporary sequences are dropped.
+Design: each engine row is a llama.cpp *sequence*. By default every sequence has a KV cache stream of its own
+(``kv_unified`` off: a row's attention reads its own cells only); a drafter that drafts token trees makes the
+cache one shared by all sequences (:meth:`LlamaCppLM.reserve_candidates`), so that a token may belong to
+several. A block is one ``llama_decode`` batch whose tokens carry their row's sequence id and position (row
+length + depth) and ask for logits only where the caller reads them; each row feeds its own tokens, no
+padding (:meth:`LlamaCppLM.block_shapes` says how llama.cpp splits such a batch). Rolling back is
+``llama_memory_seq_rm`` past the kept tokens. A token tree is laid out as one temporary sequence per leaf: a
+node belongs to the sequences of every leaf below it, so each node attends exactly to its ancestors
+(llama.cpp masks by the query token's first sequence and by position); the kept path is copied into the
+row's sequence and the temporary sequences are dropped.
 
 The sliding-window layers keep a full-size cache (``swa_full``): a window cache forgets the tokens a
 rolled-back row needs again.
@@ -25,7 +28,7 @@ import numpy as np
 import torch
 
 from genspec.errors import ConfigError, InputFileError
-from genspec.models.base import CausalLM, PrefixKV
+from genspec.models.base import CausalLM, PrefixKV, equal_split
 from genspec.models.gguf_file import check_complete
 
 #: tokens per row (prompt + generated) unless asked otherwise: the KV cache holds ``max_rows`` of them, in
@@ -183,6 +186,16 @@ class LlamaCppLM(CausalLM):
         self._scratch_buffer: torch.Tensor | None = None
         self._batch_size = int(params.n_batch)
         self._batch = llama_cpp.llama_batch_init(self._batch_size, 0, self._num_sequences)
+
+    def block_shapes(self, widths: list[int]) -> list[tuple[int, int]]:
+        """With a cache stream per row llama.cpp splits a batch into micro-batches that take the same number of
+        tokens from every row that has any left (:func:`~genspec.models.base.equal_split`). With a shared cache
+        every token goes into one micro-batch, priced as the rows' tokens spread evenly (``[5, 2, 1, 1]``:
+        4 rows x 3)."""
+        widths = [w for w in widths if w > 0]
+        if self.shared_cache and widths:
+            return [(len(widths), -(-sum(widths) // len(widths)))]
+        return equal_split(widths)
 
     def reserve_candidates(self, max_candidates: int) -> None:
         """Token trees of up to ``max_candidates`` chains will come: a context with a stream per row is made again
