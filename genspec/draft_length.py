@@ -154,9 +154,21 @@ class CostModel:
 
     def observe_split(self, shapes: list[tuple[int, int]], seconds: float, batch: int) -> None:
         """A step of ``batch`` rows the target ran as the blocks ``shapes`` (more than one) took ``seconds``: the
-        ratio to its blocks' summed costs, a running average per batch size, prices such steps from now on."""
+        ratio to its blocks' summed costs, a running average per batch size, prices such steps from now on; or,
+        where one block is wider than any measured at its rows, what the others leave is that block's cost."""
+        if len(shapes) < 2:
+            return
+        # a block wider than any measured at its rows (a plan that explored it) is learned from what the others
+        # leave of the step, so that exploring measures what it explores
+        beyond = [i for i, (rows, tokens) in enumerate(shapes) if tokens > self.widest(rows)]
         costs = [self.verify_cost(tokens, rows) for rows, tokens in shapes]
-        if len(shapes) < 2 or any(c is None or c <= 0 for c in costs):
+        if len(beyond) == 1:
+            others = [c for i, c in enumerate(costs) if i != beyond[0]]
+            if all(c is not None for c in others) and seconds > sum(others):
+                rows, tokens = shapes[beyond[0]]
+                self.observe_verify(tokens, seconds - sum(others), rows)
+            return
+        if beyond or any(c is None or c <= 0 for c in costs):
             return
         value, old = seconds / sum(costs), self.split_factor.get(batch)
         self.split_factor[batch] = value if old is None else self.decay * old + (1 - self.decay) * value
@@ -618,7 +630,6 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
     if not costed:
         return ks
     step = costs.verify_cost(1, batch)
-    widest = costs.widest(batch)
 
     gains: dict[tuple[int, int], float] = {}  # each row's gain at each depth, computed once per plan
 
@@ -627,12 +638,19 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
             gains[(i, k)] = rows[i].policy.expected_tokens(k, rows[i].evidence) - 1.0
         return gains[(i, k)]
 
+    def blocks(lengths: list[int]) -> list[tuple[int, int]]:
+        return shapes([1 + r.width(k) for r, k in zip(rows, lengths)])
+
     def estimated(lengths: list[int]) -> float:
-        return costs.shapes_relative(shapes([1 + r.width(k) for r, k in zip(rows, lengths)]), batch)
+        return costs.shapes_relative(blocks(lengths), batch)
+
+    def unmeasured(lengths: list[int]) -> bool:  # a block wider than any measured at its rows: extrapolated
+        return any(tokens > costs.widest(count) for count, tokens in blocks(lengths))
 
     def optimistic(lengths: list[int]) -> float:  # unmeasured wider blocks at the growth prior's cost, if lower
-        width = block_width(lengths)
-        return min(estimated(lengths), costs.prior_relative(width)) if width > widest else estimated(lengths)
+        if not unmeasured(lengths):
+            return estimated(lengths)
+        return min(estimated(lengths), costs.prior_relative(block_width(lengths)))
 
     def rate(lengths: list[int], relative=estimated) -> float:
         tokens = batch + sum(gain(i, k) for i, k in enumerate(lengths) if k and rows[i].policy is not None)
@@ -682,22 +700,22 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
                 trial, current = candidate, value
         return trial, current
 
-    unmeasured = []  # (lengths, rate at the optimistic price) of blocks wider than any measured
+    candidates = []  # (lengths, rate at the optimistic price) of steps with a block wider than any measured
     for depth in range(1, top):
         trial, current = fill(depth, estimated)
         if current > best_rate:
             best, best_rate = trial, current
         deepest = [min(depth, rows[i].cap, rows[i].policy.k_max) if i in costed else k for i, k in enumerate(ks)]
-        if block_width(deepest) > widest:  # (no block this deep is wider than one measured: nothing to explore)
+        if unmeasured(deepest):  # (no block this deep is wider than one measured: nothing to explore)
             trial, current = fill(depth, optimistic)
-            if block_width(trial) > widest:
-                unmeasured.append((trial, current))
+            if unmeasured(trial):
+                candidates.append((trial, current))
     # explore the widest block that could win: once it is measured, every narrower width is interpolated,
     # so an engine explores about once per batch size (exploring the best-looking width instead measured
     # one width more each time, 4, 5, 6, ... 9: six failed drafts of 4 to 8 tokens over the first
     # requests at T 0.7, each costing 1.5-2 plain steps)
-    winners = [trial for trial, current in unmeasured if current > best_rate]
-    if winners and block_width(best) <= widest and costs.explore_due(batch):  # (a best that is unmeasured explores)
+    winners = [trial for trial, current in candidates if current > best_rate]
+    if winners and not unmeasured(best) and costs.explore_due(batch):  # (a best that is unmeasured explores)
         return max(winners, key=block_width)
     return best
 

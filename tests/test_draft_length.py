@@ -413,6 +413,25 @@ def test_split_steps_are_priced_at_what_they_were_seen_to_cost_over_their_blocks
     assert costs.split_factor == {16: pytest.approx(1.5)}
 
 
+def test_an_unpadded_step_that_explores_a_block_measures_it():
+    """Where rows are not padded, a step that drafts a block wider than any measured at its rows learns its
+    cost from what the step's other blocks leave of its time, so the plan drafts it once, then by its
+    measured cost (the step is never one uniform block the engine could record)."""
+    costs = CostModel()
+    for batch in (1, 8, 16):
+        for width in (1, 2):
+            costs.observe_verify(width, 0.05 + 0.002 * batch * width, batch)
+    rows = [RowPlan(_policy(0.95, 0.95), None, 8) for _ in range(8)] + [RowPlan(None) for _ in range(8)]
+    first = plan(rows, costs, equal_split)
+    assert first == [8] * 8 + [0] * 8  # priced by extrapolation, at the growth prior's slope
+    shapes = equal_split([9] * 8 + [1] * 8)
+    assert shapes == [(16, 1), (8, 8)]
+    costs.observe_split(shapes, costs.verify_cost(1, 16) + 2.0, 16)  # the 8 x 8 block turned out dear: 2 s
+    assert costs.verify[(8, 8)] == pytest.approx(2.0)
+    later = [plan(rows, costs, equal_split) for _ in range(2 * EXPLORE_EVERY)]
+    assert all(lengths[0] < 8 for lengths in later) and len({tuple(lengths) for lengths in later}) == 1
+
+
 def test_cost_model_interpolates_between_batch_sizes():
     costs = CostModel()
     costs.observe_verify(1, 0.08, batch=8)
