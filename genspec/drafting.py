@@ -10,7 +10,7 @@ import torch
 
 from genspec.drafters.base import BlockPredictions, Draft, DraftBlock, Drafter, DraftOffer, DraftRequest
 from genspec.errors import GenerationError, NumericalError
-from genspec.kernels import cpu_array
+from genspec.kernels import cpu_array, prefix_lengths, reduce_valid
 from genspec.requests import Request
 
 
@@ -64,8 +64,13 @@ def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
     logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
     benchmarks/costs/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
     array = cpu_array(scores)
-    # NumPy's max where it can: quicker than torch's on a CPU (python benchmarks/costs/nan_check_cost.py times the check)
-    peak = torch.from_numpy(np.asarray(array.max(-1))) if array is not None else scores.amax(-1)
+    # NumPy's max where it can: quicker than torch's on a CPU (python benchmarks/costs/nan_check_cost.py times the check),
+    # over the valid positions only where the block is ragged
+    lengths = prefix_lengths(valid, scores.shape) if array is not None and scores.dim() == 3 else None
+    if lengths is not None:
+        peak = torch.from_numpy(reduce_valid(array, lengths, np.max))
+    else:
+        peak = torch.from_numpy(np.asarray(array.max(-1))) if array is not None else scores.amax(-1)
     bad = ~torch.isfinite(peak) & valid.to(peak.device)
     return bad.reshape(bad.shape[0], -1).any(-1).nonzero().flatten().tolist()
 

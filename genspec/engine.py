@@ -443,7 +443,7 @@ class SpeculativeEngine:
         """Judge one group's block: the target's logits processed as the draft's were, by the group's rule
         with each row's noise (and, for a drafter that reads them, keep the target's predictions at the
         block's nodes)."""
-        target = target_law(logits, group.sampling, group.history)
+        target = target_law(logits, group.sampling, group.history, group.block.valid)
         if group.reads_predictions:  # the argmax of what is already built: the tokens, or the laws
             group.predicted = target.tokens if target.tokens is not None else most_likely(target.probs)
         return verify(group.candidates, target, group.rule, group.noise)

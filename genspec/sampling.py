@@ -331,11 +331,14 @@ def process_logits(logits: torch.Tensor, sampling, history: TokenHistory | None 
     return probs
 
 
-def target_law(logits: torch.Tensor, sampling, history: TokenHistory | None = None) -> TargetLaw:
+def target_law(logits: torch.Tensor, sampling, history: TokenHistory | None = None,
+               valid: torch.Tensor | None = None) -> TargetLaw:
     """What the acceptance rule judges a block by, from the target's raw logits ``[B, N, V]`` at its nodes:
     :func:`process_logits`'s laws, or, when every row is greedy, only the (penalised) argmax, for which no
-    ``[B, N, V]`` law is built."""
+    ``[B, N, V]`` law is built. ``valid`` ``[B, N]``: the block's real nodes; an argmax of unadjusted logits
+    reads only those (the others' token is 0, which no rule reads)."""
     rows = per_row(sampling, logits.shape[0])
     if not all(c.greedy for c in rows):
         return TargetLaw(probs=process_logits(logits, rows, history))
-    return TargetLaw(tokens=most_likely(adjust_logits(logits, rows, history)))
+    adjusted = adjust_logits(logits, rows, history)
+    return TargetLaw(tokens=most_likely(adjusted, valid if adjusted is logits else None))

@@ -354,6 +354,35 @@ def test_most_likely_is_torch_argmax(dtype):
     assert torch.equal(most_likely(mask), mask.to(torch.uint8).argmax(-1))  # bool: the first True
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_most_likely_over_a_ragged_block_reads_its_valid_positions_only(dtype):
+    """Rows of different widths (valid first): the argmax at each valid position is torch's, padding gives 0 and
+    is not read (a NaN there changes nothing); a valid mask that is no prefix falls back to every position."""
+    from genspec.kernels import most_likely
+
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.randn(3, 4, 30, generator=generator).to(dtype)
+    valid = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    scores[1, 2, 7] = float("nan")
+    expected = scores.float().argmax(-1).masked_fill(~valid, 0)
+    assert torch.equal(most_likely(scores, valid), expected)
+    assert torch.equal(most_likely(scores, torch.ones(3, 4, dtype=torch.bool)), scores.argmax(-1))
+    holes = torch.tensor([[1, 0, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    assert torch.equal(most_likely(scores, holes), scores.argmax(-1).masked_fill(~holes, 0))
+
+
+def test_greedy_target_law_of_a_ragged_block_matches_the_padded_one():
+    """The engine's greedy law with the block's valid mask: the same tokens at every valid node as without it."""
+    from genspec.config import SamplingConfig
+    from genspec.sampling import target_law
+
+    logits = torch.randn(4, 5, 40, generator=torch.Generator().manual_seed(2))
+    valid = torch.arange(5)[None] < torch.tensor([5, 1, 3, 2])[:, None]
+    greedy = SamplingConfig(temperature=0.0)
+    full, ragged = target_law(logits, greedy).tokens, target_law(logits, greedy, valid=valid).tokens
+    assert torch.equal(ragged[valid], full[valid]) and not ragged[~valid].any()
+
+
 def test_unusable_rows_finds_nan_inf_and_all_masked_rows():
     from genspec.drafting import unusable_rows
 
@@ -368,3 +397,7 @@ def test_unusable_rows_finds_nan_inf_and_all_masked_rows():
     assert unusable_rows(logits, valid) == [2, 3]
     assert unusable_rows(logits.double(), valid) == [2, 3]
     assert unusable_rows(logits.bfloat16(), valid) == [2, 3]
+    ragged = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)  # rows of 3, 2, 1, 2
+    assert unusable_rows(logits, ragged) == [2, 3]  # the NaN at [1, 2] is padding now, [3, 1] still read
+    ragged[3, 1] = False
+    assert unusable_rows(logits, ragged) == [2]
