@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from genspec.errors import ConfigError
+from genspec.models.base import padded
 from genspec.theory.leviathan import expected_tokens_per_call
 
 
@@ -594,11 +595,6 @@ class RowPlan:
         return self.block(depth) if self.block is not None and depth > 0 else depth
 
 
-def padded(widths: list[int]) -> list[tuple[int, int]]:
-    """A step's rows padded to the widest: one block (the default :meth:`CausalLM.block_shapes`)."""
-    return [(len(widths), max(widths))] if widths else []
-
-
 def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], list[tuple[int, int]]] = padded
          ) -> list[int]:
     """Draft lengths for one batch step. Rows with a fixed or heuristic policy draft their own k. For
@@ -622,8 +618,7 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
     ``shapes``: the uniform blocks the target runs a step of given row widths as (its
     :meth:`~genspec.models.base.CausalLM.block_shapes`), priced by :meth:`CostModel.shapes_relative`. Where
     rows are not padded (llama.cpp with a cache stream per row), one row drafting 4 tokens beside 15 plain ones
-    costs a 16 x 1 block and a 1 x 4 one, not 16 x 5: 117 against 89 ms for the plain step, where 16 x 5
-    would cost about 4 plain steps (``python benchmarks/costs/ragged_step_cost.py``)."""
+    costs a 16 x 1 block and a 1 x 4 one, not a 16 x 5 block."""
     batch = len(rows)
     ks = [min(r.policy.current, r.cap) if r.policy is not None and r.policy.policy is not DraftLengthPolicy.COST else 0 for r in rows]
     costed = [i for i, r in enumerate(rows) if r.policy is not None and r.policy.policy is DraftLengthPolicy.COST and r.cap > 0]

@@ -37,6 +37,11 @@ class PrefixKV:
                 and (self.valid is None or torch.equal(self.valid.to(valid.device), valid)))
 
 
+def padded(widths: list[int]) -> list[tuple[int, int]]:
+    """A step's rows padded to the widest: one block (``[3, 1, 1]`` runs as ``[(3, 3)]``)."""
+    return [(len(widths), max(widths))] if widths else []
+
+
 def equal_split(widths: list[int]) -> list[tuple[int, int]]:
     """The uniform blocks ``(rows, tokens)`` of a step whose rows hold ``widths`` tokens each, taken as llama.cpp
     splits a batch when every row has a cache stream of its own: the same number of tokens from every row that
@@ -131,9 +136,9 @@ class CausalLM(ABC):
     def block_shapes(self, widths: list[int]) -> list[tuple[int, int]]:
         """The uniform blocks ``(rows, tokens)`` a verify step runs as when its rows hold ``widths`` tokens each
         (one entry per row, >= 1): what the step costs, for the draft-length plan
-        (:meth:`genspec.draft_length.CostModel.shapes_cost`). Default: one block, every row padded to the widest
-        (``[3, 1, 1]`` runs as ``[(3, 3)]``)."""
-        return [(len(widths), max(widths))] if widths else []
+        (:meth:`genspec.draft_length.CostModel.shapes_relative`). Default: every row padded to the widest
+        (:func:`padded`)."""
+        return padded(widths)
 
     def reserve_candidates(self, max_candidates: int) -> None:
         """Blocks of up to ``max_candidates`` candidate chains per row (token trees when above 1) will come;
