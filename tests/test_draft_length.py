@@ -451,6 +451,14 @@ def test_equal_split_takes_the_same_tokens_from_every_row_left():
     assert sum(rows * tokens for rows, tokens in equal_split([7, 1, 4, 4, 2])) == 18  # every token once
 
 
+def test_equal_split_runs_only_rows_whose_sequences_are_consecutive():
+    """llama.cpp's sequential split: a micro-batch is a run of consecutive sequence ids, each with tokens left."""
+    assert equal_split([5, 1, 5]) == [(3, 1), (1, 4), (1, 4)]  # the middle row ran out: no run of the outer two
+    assert equal_split([1, 1, 1], sequences=[0, 1, 3]) == [(2, 1), (1, 1)]  # sequence 2 missing
+    assert equal_split([1, 1, 1], sequences=[2, 0, 1]) == [(3, 1)]  # the batch holds them in id order
+    assert equal_split([0, 4, 4], sequences=[1, 0, 2]) == [(1, 4), (1, 4)]  # sequence 1 has no tokens
+
+
 def test_a_costly_drafter_drafts_only_for_rows_that_pay_its_time():
     costs = _costs(step=0.1, per_token=0.002)
     draft_cost = DraftCost()

@@ -139,6 +139,30 @@ def test_rows_join_and_leave_with_their_own_caches(target):
     logits = target.forward(torch.tensor([[11], [11]]))
     assert (logits[0, 0] - expected["b"]).abs().max() < 1e-4
     assert (logits[1, 0] - expected["c"]).abs().max() < 1e-4
+    # the rows hold sequences 1 and 0 (c took the lowest free one) and go into the batch in that order: a ragged
+    # block's logits still land on their own rows
+    target.keep_block(torch.zeros(2, 0, dtype=torch.long))
+    ragged = target.forward(torch.tensor([[11, 12], [11, 0]]), valid=torch.tensor([[1, 1], [1, 0]]))
+    assert (ragged[0, 0] - expected["b"]).abs().max() < 1e-4 and (ragged[1, 0] - expected["c"]).abs().max() < 1e-4
+    assert not ragged[1, 1].any()
+    target.keep_block(torch.zeros(2, 0, dtype=torch.long))
+    last = target.forward(torch.tensor([[11, 12], [11, 0]]), valid=torch.tensor([[1, 1], [1, 0]]), last_only=True)
+    assert (last[1, 0] - expected["c"]).abs().max() < 1e-4
+
+
+def test_rows_take_the_lowest_free_sequence_so_a_batch_runs_as_one(target):
+    """A row that leaves from the middle splits a batch of one-token rows in two micro-batches (llama.cpp runs
+    only consecutive sequences together); the next row to join fills the gap, and the batch is one again."""
+    target.reset(0)
+    target.add_rows([[3]] * 4)
+    assert target.block_shapes([1] * 4) == [(4, 1)]
+    target.remove_rows([1])
+    assert target.block_shapes([1] * 3) == [(1, 1), (2, 1)]
+    target.add_rows([[3]])
+    assert target.block_shapes([1] * 4) == [(4, 1)]
+    target.remove_rows([0, 2])
+    target.add_rows([[3], [3]])
+    assert target.block_shapes([1] * 4) == [(4, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +193,7 @@ def test_trees_need_the_shared_cache(tiny_gguf):
 def test_block_shapes_follow_the_cache_layout(target, shared_target):
     """With a stream per row llama.cpp takes the same tokens from every row left (micro-batch by micro-batch);
     with a shared cache all the tokens go into one, priced as spread evenly over the rows."""
+    target.reset(0)
     assert target.block_shapes([5, 2, 1, 1]) == [(4, 1), (2, 1), (1, 3)]
     assert target.block_shapes([3, 3, 3]) == [(3, 3)]
     assert shared_target.block_shapes([5, 2, 1, 1]) == [(4, 3)]

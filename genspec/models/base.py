@@ -42,15 +42,34 @@ def padded(widths: list[int]) -> list[tuple[int, int]]:
     return [(len(widths), max(widths))] if widths else []
 
 
-def equal_split(widths: list[int]) -> list[tuple[int, int]]:
+def equal_split(widths: list[int], sequences: list[int] | None = None) -> list[tuple[int, int]]:
     """The uniform blocks ``(rows, tokens)`` of a step whose rows hold ``widths`` tokens each, taken as llama.cpp
-    splits a batch when every row has a cache stream of its own: the same number of tokens from every row that
-    has any left, each time. ``[5, 2, 1, 1]`` runs as 4 rows x 1 token, then 2 rows x 1, then 1 row x 3."""
-    shapes, done = [], 0
-    for level in sorted({w for w in widths if w > 0}):
-        shapes.append((sum(w >= level for w in widths), level - done))
-        done = level
-    return shapes
+    splits a batch when every row has a cache stream of its own (``split_equal``, sequential): each micro-batch
+    takes the same number of tokens from a run of rows whose sequence ids rise by one, starting at the lowest id
+    with tokens left, until one of them runs out. ``sequences``: each row's sequence id (default: the row's
+    index), the batch holding the rows in id order.
+
+    ``[5, 2, 1, 1]`` runs as 4 rows x 1 token, then 2 rows x 1, then 1 row x 3; ``[5, 1, 5]`` as 3 x 1, then
+    1 x 4 twice (the middle row ran out, so the outer two are no run); rows of 1 token on sequences 0, 1, 3 as
+    2 x 1 and 1 x 1 (sequence 2 is missing)."""
+    order = sorted(range(len(widths)), key=(lambda r: sequences[r]) if sequences is not None else None)
+    ids = [sequences[r] for r in order] if sequences is not None else order
+    left = [widths[r] for r in order]
+    shapes = []
+    while True:
+        first = next((i for i, n in enumerate(left) if n > 0), None)
+        if first is None:
+            return shapes
+        run = [first]
+        for i in range(first + 1, len(left)):
+            if left[i] > 0:
+                if ids[i] != ids[run[-1]] + 1:
+                    break
+                run.append(i)
+        take = min(left[i] for i in run)
+        for i in run:
+            left[i] -= take
+        shapes.append((len(run), take))
 
 
 class CausalLM(ABC):

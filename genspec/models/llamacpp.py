@@ -189,13 +189,13 @@ class LlamaCppLM(CausalLM):
 
     def block_shapes(self, widths: list[int]) -> list[tuple[int, int]]:
         """With a cache stream per row llama.cpp splits a batch into micro-batches that take the same number of
-        tokens from every row that has any left (:func:`~genspec.models.base.equal_split`). With a shared cache
-        every token goes into one micro-batch, priced as the rows' tokens spread evenly (``[5, 2, 1, 1]``:
-        4 rows x 3)."""
-        widths = [w for w in widths if w > 0]
-        if self.shared_cache and widths:
-            return [(len(widths), -(-sum(widths) // len(widths)))]
-        return equal_split(widths)
+        tokens from each of a run of rows with consecutive sequence ids (:func:`~genspec.models.base.equal_split`,
+        with the rows' sequences when ``widths`` has one entry per row held). With a shared cache every token
+        goes into one micro-batch, priced as the rows' tokens spread evenly (``[5, 2, 1, 1]``: 4 rows x 3)."""
+        if self.shared_cache:
+            widths = [w for w in widths if w > 0]
+            return [(len(widths), -(-sum(widths) // len(widths)))] if widths else []
+        return equal_split(widths, self._sequences if len(widths) == len(self._sequences) else None)
 
     def reserve_candidates(self, max_candidates: int) -> None:
         """Token trees of up to ``max_candidates`` chains will come: a context with a stream per row is made again
@@ -256,6 +256,7 @@ class LlamaCppLM(CausalLM):
         if len(prefixes) > len(self._free):
             raise ConfigError(f"{len(self._sequences) + len(prefixes)} rows exceed this llama.cpp model's "
                               f"{self.max_rows} (max_rows)")
+        self._free.sort()  # the lowest free sequences: dense ids run as one micro-batch (_emission_order)
         new = [self._free.pop(0) for _ in prefixes]
         entries = [(token, position, (sequence,), False) for sequence, prefix in zip(new, prefixes)
                    for position, token in enumerate(prefix)]
@@ -316,10 +317,11 @@ class LlamaCppLM(CausalLM):
             raise ConfigError(f"a verify block of {max(counts)} tokens exceeds the llamacpp backend's "
                               f"{MAX_BLOCK_TOKENS}")
         token_list, lengths = tokens.tolist(), self._lengths.tolist()
-        entries, outputs, leaves = [], [], []
+        entries, outputs, leaves = [], [], [[] for _ in counts]
         next_leaf = self.max_rows  # temporary sequences for tree leaves: the ids above the rows' own
-        for row, count in enumerate(counts):
-            start, own = lengths[row], self._sequences[row]
+        order = self._emission_order()
+        for row in order:
+            count, start, own = counts[row], lengths[row], self._sequences[row]
             row_leaves: list[tuple[int, frozenset[int]]] = []  # (temporary sequence, its path's nodes)
             if tree_mask is not None and count and not _is_chain(tree_mask[row, :count, :count]):
                 ancestors = tree_mask[row, :count, :count].bool()
@@ -344,22 +346,34 @@ class LlamaCppLM(CausalLM):
                 for j in range(count):
                     entries.append((token_list[row][j], start + j, (own,), not last_only or j == count - 1))
             outputs += [(row, j) for j in range(count) if not last_only or j == count - 1]
-            leaves.append(row_leaves)
+            leaves[row] = row_leaves
         self._block = (counts, leaves)
         if len(entries) > self._batch_size:
             raise ConfigError(f"a block of {len(entries)} tokens exceeds the llamacpp batch ({self._batch_size})")
         logits = self._decode(entries)  # llama.cpp's buffer: copied at most once, into ``out``
         shape = (rows, 1 if last_only else width, self.vocab_size)
-        if len(outputs) == shape[0] * shape[1]:  # every slot is an output, in order
+        full = len(outputs) == shape[0] * shape[1]
+        if full and order == sorted(order):  # every slot is an output, row by row
             return logits.view(shape) if transient else logits.view(shape).clone()
         out = self._scratch(shape) if transient else torch.empty(shape, dtype=torch.float32)
-        slots = torch.zeros(shape[:2], dtype=torch.bool)
         if outputs:
             index = torch.tensor(outputs)
-            slots[index[:, 0], 0 if last_only else index[:, 1]] = True
-            out[slots] = logits  # in the outputs' order: row by row, then position
-        out[~slots] = 0.0
+            out[index[:, 0], 0 if last_only else index[:, 1]] = logits  # in the order they were decoded
+        if not full:
+            slots = torch.ones(shape[:2], dtype=torch.bool)
+            if outputs:
+                slots[index[:, 0], 0 if last_only else index[:, 1]] = False
+            out[slots] = 0.0
         return out
+
+    def _emission_order(self) -> list[int]:
+        """The rows in the order their tokens go into a batch: by sequence id. With a cache stream per row
+        llama.cpp puts into one micro-batch only sequences whose ids rise by one from each to the next in the
+        batch (``split_equal`` with ``sequential``): rows holding sequences 0, 1, 2, 4, 3 would run in row
+        order as three passes over the weights ([0, 1, 2], [4], [3]) and run in sequence order as one. A
+        free id between busy ones still splits the batch (0, 1, 2, 4: two passes), so rows take the lowest
+        free sequence (:meth:`add_rows`)."""
+        return sorted(range(len(self._sequences)), key=self._sequences.__getitem__)
 
     def _scratch(self, shape: tuple[int, int, int]) -> torch.Tensor:
         """A ``shape`` view of the buffer :meth:`forward_transient` reuses (grown when too small)."""
