@@ -26,7 +26,7 @@ from genspec.models.llamacpp import DEFAULT_CONTEXT, LlamaCppLM, gguf_context
 #: dtypes the embedded model cannot run in, and why. float16: Gemma 3's residual stream outgrows float16's
 #: largest value (65,504): after layer 6 its largest activation is 54,688, layer 7's is inf, and every
 #: logit is NaN from then on, on any prompt (also in transformers' own forward; float16 is not a CPU
-#: limitation, bfloat16 has float32's range). Measured with ``python benchmarks/costs/nan_check_cost.py --dtypes``.
+#: limitation, bfloat16 has float32's range; the manual's Getting started page names the script that shows it).
 EMBEDDED_MODEL_FAILS_IN = {"float16": "its activations exceed float16's largest value (65,504) from layer 7 on, "
                                       "so every logit is NaN"}
 
@@ -90,7 +90,7 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
             raise ConfigError(f"dtype {dtype} applies to the torch backend; a GGUF model keeps its own quantisation")
         if path is None:
             gguf = default_gguf_path()
-            from transformers import AutoTokenizer  # here: 3 s that `import genspec` does not spend otherwise
+            from transformers import AutoTokenizer  # here: seconds that `import genspec` does not spend otherwise
 
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True)
             return LlamaCppLM(gguf, tokenizer, max_rows=max_rows or 8, device=device)

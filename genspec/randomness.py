@@ -27,7 +27,7 @@ picks it for ``GenerationConfig.rule`` "auto"): draft and target draw position t
 (:meth:`RequestRandomness.race`, one vector per position, from (seed, sample, position) alone),
 the token at t is argmax(q_t / e_t) whatever was drafted, and the request is reproducible under
 every draft-length policy, alone or in any batch, for some acceptance (agreement of the two draws instead of
-1 - TV: 0.684 vs 0.722 on the embedded model with its int8 copy drafting, ``benchmarks/acceptance/coupled_acceptance.py``).
+1 - TV: a little less; the manual's Acceptance rules page has the measurement).
 A request that asks for the standard rule by name (``rule="overaccept"``) keeps 1 - TV and reproduces
 only where its draft lengths do: under the ``fixed`` and ``heuristic`` policies (their lengths follow
 the request's own history), not under ``cost`` (measured times and the batch). Drafts drawn outside the
@@ -89,8 +89,8 @@ class RequestRandomness:
         a prefix of a longer one (a drafter over a smaller vocabulary sees the target's noise of its tokens).
         Exponentials, not Gumbels: argmax(log p + g) = argmax(p / e) with g = -log e, and NumPy's ziggurat
         draws them without the two logs a Gumbel takes (262k float64 logs cost more than the draw itself).
-        One position of the embedded model's 262,144 tokens: 3.1 ms on the 2-core CPU, shared
-        (``python benchmarks/acceptance/coupled_acceptance.py``): a coupled request pays it once per generated token."""
+        One position's vector is shared by the draft and the verifier: a coupled request pays its draw once per
+        generated token (the manual's Acceptance rules page has its cost)."""
         if position < self._decided:
             raise ValueError(f"position {position} was released (positions before {self._decided} are decided)")
         noise = self._race.get(position)

@@ -222,12 +222,11 @@ def adjust_logits(logits: torch.Tensor, sampling, history: TokenHistory | None =
 
 #: top-p looks for the nucleus among the tokens at least this share as likely as the most likely one first (then
 #: among those at least its square, ..., then all, while they hold less than top_p). Ranking a whole 262,144-token
-#: row of the embedded model's laws took 16.5 ms on the 2-core Intel Xeon (torch.sort), its top 1,024 tokens 0.9 ms
-#: (torch.topk), selecting by share and the softmax over the nucleus 0.55 ms, against a 25 ms llama.cpp step
-#: (``python benchmarks/costs/top_p_cost.py``)
+#: row costs a sizeable share of a llama.cpp step, selecting by share and the softmax over the nucleus a small
+#: fraction of that (the manual's Backends page has the measurements)
 NUCLEUS_SHARE = 1e-4
 #: vocabularies up to this size rank whole rows for top-p, all rows at once: the per-row selection's Python
-#: dominated the tests' 20,000-row chi-square batches (vocabulary 12), which the whole-row ranking keeps at ~30 s
+#: dominated the tests' 20,000-row chi-square batches (vocabulary 12), which the whole-row ranking keeps quick
 NUCLEUS_SORT_VOCAB = 4096
 
 
@@ -270,7 +269,7 @@ def _in_nucleus(held: torch.Tensor, limit) -> torch.Tensor:
 
 def _at_least(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     """The indices of ``scores`` ``[V]`` >= ``threshold`` (on a CPU through NumPy, whose ``flatnonzero`` is the
-    quicker on a 262,144-token row: part of ``benchmarks/costs/top_p_cost.py``'s "by share" time)."""
+    quicker on a 262,144-token row)."""
     array = cpu_array(scores)
     if array is not None:
         return torch.from_numpy(np.flatnonzero(array >= threshold))

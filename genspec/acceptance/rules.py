@@ -23,10 +23,9 @@ Rules (docs/theory.md; p = draft, q = target):
   exponentials e, i.e. Gumbel-max), y = argmax(p / e) and x = argmax(q / e) (:func:`coupled_tokens`); keep
   y iff y == x, else emit x. The emitted token is x whatever was drafted, an exact draw from q, so a seeded request's
   tokens depend on its noise alone, not on where its drafts stop (:mod:`genspec.randomness`). The price:
-  P(keep) = P(argmax agree) >= (1 - TV) / (1 + TV) instead of 1 - TV. On Gemma 3 270M's own laws (263
-  positions of 6 Spec-Bench prompts, T = 1) it kept 0.684 against 1 - TV = 0.722 for the int8 copy as the
-  draft, 0.236 against 0.248 for its first 12 layers (`python benchmarks/acceptance/coupled_acceptance.py`); the
-  inverse-CDF coupling with one uniform kept only 0.559 and 0.187 (vocabulary order scatters the mass).
+  P(keep) = P(argmax agree) >= (1 - TV) / (1 + TV) instead of 1 - TV. On the embedded model's own laws it
+  keeps a little less than 1 - TV, where an inverse-CDF coupling with one uniform keeps far less (vocabulary
+  order scatters the mass; the manual's Acceptance rules page has the measurements).
 
 Over-acceptance at eps = 0 with the OPT residual and the coupled rule are lossless (:attr:`Rule.lossless`):
 UNO at eps = 0 keeps min{1, q/p} but resamples from q, which is biased (docs/theory.md, Decoding-UNO).
@@ -183,8 +182,8 @@ def sample_with_uniforms(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.T
     index = torch.searchsorted(cumulative.contiguous(), scaled.contiguous(), right=True).squeeze(-1)
     # where the cumulative sum first exceeds the scaled uniform it rose, so the token drawn has probability > 0;
     # only a uniform rounded up onto the total finds no token (index V) or, with a scan that rounds, one past the
-    # last positive: those rows take their last token of positive probability. Looked for only then (the
-    # 262,144-token search took 0.3 ms a draw, ``python benchmarks/costs/top_p_cost.py``)
+    # last positive: those rows take their last token of positive probability. Looked for only then (a search
+    # over a large vocabulary is a draw's whole cost again)
     vocab = probs.shape[-1]
     drawn = probs.gather(-1, index.clamp(max=vocab - 1).unsqueeze(-1)).squeeze(-1)
     past = (index >= vocab) | (drawn <= 0)

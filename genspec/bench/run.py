@@ -34,7 +34,7 @@ from genspec.interrupts import stoppable
 
 # --------------------------------------------------------------------------- environment
 def machine_info() -> dict:
-    import transformers  # here: its version only, and 3 s to import
+    import transformers  # here: its version only, and slow to import
 
     cpu_model, physical = platform.processor() or platform.machine(), set()
     try:

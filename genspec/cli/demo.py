@@ -25,7 +25,7 @@ from genspec.strict_json import dumps
 
 #: a prompt's speedup is flagged as untrustworthy when its per-repeat ratios spread over more than this fraction
 #: of their median ((max - min) / median): repeats on an otherwise idle machine stay well within it, a run that
-#: other work stalled does not (one stalled plain run once showed "57.01x")
+#: other work stalled does not (a stalled plain run inflates that prompt's ratio many times over)
 TRUSTED_SPREAD = 0.25
 
 

@@ -19,11 +19,8 @@ from genspec.drafters.enumeration import Enumeration
 from genspec.errors import ConfigError
 
 #: numbered lists are renumbered in lookup chains by default (:mod:`genspec.drafters.enumeration`). Chosen on
-#: the prompts no run measures (each category's 3rd and 4th, embedded model, greedy, 128 tokens, 1 repeat,
-#: 2-core AMD EPYC): the suffix hybrid 3.53x plain against 3.37x without, ahead in 8 of 13 categories; the
-#: two list answers took 31 / 26 target calls instead of 48 / 33; elsewhere call counts moved by 0-3 either
-#: way (``genspec bench --methods "hybrid:renumber=false,hybrid" --skip-prompts 2 --num-prompts 2 --repeats
-#: 1``); at T 0.7, top-p 0.9, 2.12x against 2.07x (one repeat, within noise)
+#: the prompts no run measures: the suffix hybrid was faster with it, the list answers taking far fewer target
+#: calls and the others about as many (the manual's Hybrid page, how the defaults were chosen)
 RENUMBER = True
 
 

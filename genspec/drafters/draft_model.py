@@ -5,8 +5,8 @@ committed sequence the llama.cpp way: keep the longest common prefix of what it 
 target committed, drop the rest, and feed the difference in one ragged block. A request's prompt is
 read at its first draft, not when it joins: a request the draft-length policy never drafts for costs the
 drafter nothing (layer skip, which accepts nothing on the embedded model, reads a prompt at half the
-target's cost: read at once, rag's long prompts cost a fresh engine 15% of plain speed on 32-token answers,
-``python benchmarks/policy/fresh_request_cost.py``), and :meth:`catch_up_tokens` tells the policy what a
+target's cost: read at once, long prompts would cost a fresh engine a good share of plain speed on short
+answers; the manual's Self-speculation page), and :meth:`catch_up_tokens` tells the policy what a
 first draft would have to read. Each row samples with its request's settings and random stream.
 
 Hierarchical speculation (TriForce-style): with an ``inner`` drafter the draft model's own drafting

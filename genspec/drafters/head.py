@@ -48,28 +48,18 @@ class _Row:
 
 #: the head drafts a tree of this many nodes unless told otherwise (``tree_nodes=0``: a chain). Where a
 #: verify block of 5 tokens costs what one of 2 does (oneDNN's packed GEMM, genspec/kernels.py), a
-#: 4-node tree beats the cost policy's chain on the prompts no run measures (the 3rd of each category,
-#: 128 tokens, 2-core AMD EPYC): head 1.45x against 1.32x plain greedy and 1.34x against 1.13x
-#: at temperature 0.7 (top-p 0.9), the suffix hybrid 3.01x against 2.73x and 2.28x against 1.84x (``genspec
-#: bench --methods "head,head:tree_nodes=4,hybrid,hybrid:tree_nodes=4" --skip-prompts 2 --num-prompts 1
-#: --repeats 1 [--temperature 0.7 --top-p 0.9]``); 6 nodes and ``tree_top_k=2`` were slower (1.37x, 1.40x).
+#: 4-node tree beats the cost policy's chain, for the head and the suffix hybrid, greedy and sampled; 6 nodes
+#: and ``tree_top_k=2`` are slower (the manual's Trained heads and Hybrid pages have the measurements).
 DEFAULT_TREE_NODES = 4
 #: the tree keeps this many of the most likely first tokens whatever deeper nodes score (a wide first
-#: level, as Sequoia's trees have). Off by default: it does not lift the shipped head's first token, whose
-#: misses are mostly tokens outside its top 4 (the 3rd prompt of each category, 128 tokens, 2-core AMD
-#: EPYC: the first level kept 0.52 of the time with the default tree, 0.54 / 0.55 with 2 / 3 first tokens
-#: kept; ``genspec bench --methods "head,head:tree_first=2,head:tree_first=3,head:tree_nodes=6:tree_first=3"
-#: --skip-prompts 2 --num-prompts 1 --repeats 1``)
+#: level, as Sequoia's trees have). Off by default: it hardly lifts the shipped head's first token, whose
+#: misses are mostly tokens outside its top 4 (the manual's Trained heads page)
 DEFAULT_TREE_FIRST = 0
 #: the head drafts nothing at a step where its likeliest first token is less likely than this (by its own
 #: probability, before any sampling processing: a choice made before anything is drawn, so the standard rule
-#: stays exact for sampled chains; trees are point masses). The head is calibrated: teacher-forced, where that
-#: probability is below 0.1 (17% of answer positions) its token is the target's 6% of the time
-#: (``python benchmarks/heads/head_confidence.py``), so those drafts hardly ever pay. On the prompts no run
-#: measures (the 3rd of each category, 128 tokens, 2-core AMD EPYC), 0 / 0.1 / 0.15 / 0.2: first level kept
-#: 0.51 / 0.60 / 0.64 / 0.66 of the drafts, at 1.61x / 1.59x / - / 1.54x plain (``genspec bench --methods
-#: "head:first_threshold=0,head:first_threshold=0.1,head:first_threshold=0.2" --skip-prompts 2 --num-prompts 1
-#: --repeats 1``) and 0.15 at 1.50x against 1.57x for 0 in another run: 0.1 costs next to nothing.
+#: stays exact for sampled chains; trees are point masses). The head is calibrated: where that probability is
+#: below 0.1 its token is seldom the target's, so those drafts hardly ever pay, and skipping them costs next to
+#: nothing in speed while the first level is kept more often (the manual's Trained heads page).
 DEFAULT_FIRST_THRESHOLD = 0.1
 #: the tokens each tree node is expanded into by default
 DEFAULT_TREE_TOP_K = 4
@@ -106,8 +96,8 @@ class HeadDrafter(Drafter):
         self.first_threshold = float(first_threshold)
         self.device, self.dtype = target.device, target.dtype
         # a copy (the caller's module is left as it was) whose linears run as TransposedLinear, as the
-        # target's do (``fast_kernels``): a draft step of the shipped head 2.56 against 4.33 ms, the same
-        # drafts (2-core AMD EPYC; python benchmarks/costs/head_draft_cost.py)
+        # target's do (``fast_kernels``): a cheaper draft step than ``nn.Linear``'s, with the same drafts
+        # (the manual's Trained heads page)
         self.head = copy.deepcopy(head).to(self.device, self.dtype).eval()
         if fast_kernels:
             transpose_linears(self.head)
@@ -315,9 +305,8 @@ class HeadDrafter(Drafter):
         """Whether node ``index`` may still have a descendant among the ``tree_nodes`` kept: fewer than
         that many nodes rank above it (:func:`best_paths` keeps the best-ranked nodes, by score, then
         depth; a descendant ranks below its ancestors and nodes only get added). Expanding only such
-        nodes leaves the tree as it was and stops the depth loop early: with 4 nodes on the embedded
-        model the unpruned tree spent 7.8 ms drafting per target call against 52-55 ms for the verify
-        block (``genspec bench --methods head:tree_nodes=4 --skip-prompts 2 --num-prompts 1``)."""
+        nodes leaves the tree as it was and stops the depth loop early: unpruned, a small tree's drafting is a
+        noticeable share of its verify block's time (the manual's Trained heads page)."""
         node = nodes[index]
         above = sum((other.score, -other.depth) > (node.score, -node.depth) for other in nodes)
         return above < self.tree_nodes

@@ -1,9 +1,8 @@
 """``hybrid``: lookup where its evidence is strong, the trained draft head elsewhere, per row and per step.
 
-Lookup drafts cost nothing and are nearly always right after a long match (on Spec-Bench with the
-embedded model a 4-token match starts a correct draft 0.92 of the time, a 1-token match 0.22:
-``python benchmarks/acceptance/lookup_match_acceptance.py``), while the head's drafts cost a little and are right
-about as often wherever the text goes. So each step, each row takes lookup's proposal when it matched
+Lookup drafts cost nothing and are nearly always right after a long match, seldom after a 1-token one (the
+manual's Lookup page has the measurements), while the head's drafts cost a little and are right about as
+often wherever the text goes. So each step, each row takes lookup's proposal when it matched
 at least ``min_match`` tokens, and the head's otherwise.
 
 The hybrid is a composite drafter, free and costly: its offer (:meth:`~genspec.drafters.base.Drafter.offer`)
@@ -37,20 +36,13 @@ HEAD_EVIDENCE = "head"
 #: the lookups a hybrid can use, by ``lookup`` option
 LOOKUPS = {"prompt-lookup": PromptLookupDrafter, "suffix": SuffixDrafter}
 #: the default lookup, chosen on Spec-Bench prompts that ``genspec bench`` does not measure and the head
-#: never trained on (each category's 3rd and 4th; embedded model, greedy, 128 tokens, 2 repeats, 2-core AMD
-#: EPYC): suffix + head 2.27x [2.26-2.29] plain against 2.22x [2.17-2.27] with prompt lookup, ahead in both
-#: repeats and fastest in 9 of 13 categories (``genspec bench --methods
-#: "hybrid:lookup=prompt-lookup,hybrid:lookup=suffix" --skip-prompts 2 --num-prompts 2 --max-new-tokens 128
-#: --repeats 2``)
+#: never trained on: suffix + head was ahead of prompt lookup + head in both repeats and most categories (the
+#: manual's Hybrid page, how the defaults were chosen)
 DEFAULT_LOOKUP = "suffix"
 #: weak lookups join the head's tree by default (:class:`HeadAndWeakLookup`), chosen on the prompts no run
-#: measures (each category's 3rd and 4th, 128 tokens, 1 repeat, 2-core AMD EPYC): 3.66x plain
-#: greedy against 3.35x without, ahead in 11 of 13 categories, where lowering ``min_match`` to 2 or 1 instead
-#: gave 3.51x and 3.39x (``genspec bench --methods "hybrid:merge_weak=false,hybrid:merge_weak=true,
-#: hybrid:min_match=2:merge_weak=false,hybrid:min_match=2:merge_weak=true,hybrid:min_match=1:merge_weak=false"
-#: --skip-prompts 2 --num-prompts 2 --repeats 1``). With the policy scoring later positions unverified
-#: (:meth:`~genspec.draft_length.DraftLength.shadow`), greedy: 3.98x against 3.87x, ahead in 8 of 13
-#: (``--methods "hybrid:merge_weak=false,hybrid"``).
+#: measures: merging was faster than no merging, and than lowering ``min_match`` instead, also with the policy
+#: scoring later positions unverified (:meth:`~genspec.draft_length.DraftLength.shadow`; the manual's Hybrid
+#: page, how the defaults were chosen).
 MERGE_WEAK = True
 #: the hybrid's own options (the head's and the lookup's are theirs)
 MIN_MATCH = Option("min_match", int, 1)
@@ -77,8 +69,8 @@ class HeadAndWeakLookup(Drafter):
     def block_tokens(self, depth: int) -> int:
         # the head's tree (a 4-node tree makes a 4-token block at every depth; the default, a chain's depth,
         # priced its depth-1 draft at 1 token); a weak chain, in the rows that have one this step, adds up to
-        # ``depth`` more, not priced: the interface has no row, and on the 2-core EPYC a verify block of 8
-        # tokens costs 60 ms against 49-54 for 1-6 (``python benchmarks/costs/verify_width_cost.py``)
+        # ``depth`` more, not priced: the interface has no row, and a few more tokens add little to a verify
+        # block's cost (the manual's Draft length page, verify costs)
         return self.head.block_tokens(depth)
 
     def propose(self, requests: list[DraftRequest]) -> Draft:

@@ -25,8 +25,8 @@ anchor length a (1, 4 and 12 tokens), LZ77's hash chains: ``head[hash(a tokens)]
 after those tokens and ``prev[position]`` the one before it with the same hash. Appending is O(anchors)
 vectorised, evicting the oldest request is O(1) (positions are global and only grow: a chain ends where
 it reaches an evicted position), and a lookup walks at most ``max_scan`` positions of one chain (the most
-recent occurrences first) and extends each match with one numpy comparison. Numbers for a 1 M-token cache:
-``python benchmarks/costs/suffix_cache_cost.py`` (the manual's suffix drafter section).
+recent occurrences first) and extends each match with one numpy comparison. The manual's Lookup page
+(SuffixDecoding) has what a 1 M-token cache costs.
 """
 from __future__ import annotations
 
@@ -51,10 +51,8 @@ ANCHORS = (12, 4, 1)
 #: the draft tree's node budget: as deep as the drafter's own depth (24), so a repeating answer, where every
 #: occurrence agrees, is drafted as one chain that deep and the cost policy decides how much of it pays (a
 #: budget of 12 stops such chains at 12 tokens, all kept, step after step: the small model loops often). On the
-#: prompts no run measures (each category's 3rd and 4th, 128 tokens, 1 repeat, 2-core AMD EPYC) the suffix
-#: hybrid ran at 3.49x plain greedy with 24 against 3.31x with 12, 1.57x against 1.51x at temperature 0.7,
-#: top-p 0.9 (``genspec bench --methods "hybrid:max_nodes=12,hybrid:max_nodes=24" --skip-prompts 2
-#: --num-prompts 2 --repeats 1 [--temperature 0.7 --top-p 0.9]``)
+#: prompts no run measures the suffix hybrid is faster with 24 than with 12, greedy and sampled (the manual's
+#: Hybrid page, how the defaults were chosen)
 DEFAULT_MAX_NODES = 24
 #: evidence levels: a match of m tokens is reported as the largest of these that is <= m
 MATCH_LEVELS = (1, 2, 3, 4, 6, 9, 16)
@@ -106,7 +104,7 @@ class SuffixCache:
         self.tokens = np.full(self.capacity, BOUNDARY, dtype=np.int32)
         self.prev = [np.full(self.capacity, -1, dtype=np.int64) for _ in ANCHORS]
         self.head = [np.full(1 << self.bits, -1, dtype=np.int64) for _ in ANCHORS]
-        self._prev_at = [memoryview(p) for p in self.prev]  # single reads: Python ints 4x faster than numpy's
+        self._prev_at = [memoryview(p) for p in self.prev]  # single reads: Python ints are quicker than numpy's
         self.start = 0
         self.end = 0
         self.documents: deque[tuple[int, int]] = deque()  # (first offset, end offset) per document, oldest first
@@ -326,11 +324,8 @@ class SuffixDrafter(CandidateDrafter):
     ``sampled_candidates`` for sampled ones (several continuations verified as one tree: one of them
     is likelier to be the token the target draws); ``max_nodes`` most nodes of the tree; ``min_prob``
     least share of the matched occurrences a node's path must have; ``factor`` draft depth per matched
-    token (2 by default: tuned on prompts ``genspec bench`` does not measure, ``genspec bench
-    --skip-prompts 5 --num-prompts 1 --max-new-tokens 128 --repeats 1 --methods
-    "suffix,suffix:factor=2,suffix:factor=4,ngram-cache,prompt-lookup"``, embedded model, 2-core AMD EPYC:
-    1.95x / 2.08x / 2.07x plain for factor 1 / 2 / 4; the cost
-    policy already cuts a draft whose later tokens fail, so a depth cap of one token per matched token
+    token (2 by default, tuned on prompts ``genspec bench`` does not measure: the manual's Lookup page; the
+    cost policy already cuts a draft whose later tokens fail, so a depth cap of one token per matched token
     stopped good drafts early); ``max_match`` longest suffix matched; ``max_scan`` most recent occurrences read per lookup;
     ``cache_tokens`` the process cache's cap (FIFO eviction of whole requests); ``learn`` whether this
     drafter's finished requests go to the process cache; ``namespace`` which process cache (one per
@@ -340,9 +335,8 @@ class SuffixDrafter(CandidateDrafter):
     name = "suffix"
     #: SuffixDecoding's own depth (vLLM's ``suffix_decoding_max_tree_depth`` defaults to 24): its drafts
     #: grow with the match, so a long match is drafted far (within ``max_nodes``), and the cost policy cuts
-    #: what does not pay. At 8 it drew 2.94x plain on repeated traffic against 3.69x at 24 (the
-    #: measured prompts: a check of SuffixDecoding's default, not a tuning; ``genspec bench --methods
-    #: "suffix:k=8,suffix:k=24" --categories repeated --num-prompts 2 --repeats 2``)
+    #: what does not pay. A shallower depth is slower on repeated traffic (the manual's Lookup page; checked on
+    #: the measured prompts: a check of SuffixDecoding's default, not a tuning)
     capabilities = DrafterCapabilities(free=True, default_draft_tokens=24)
     options = CandidateDrafter.options + (
         Option("sampled_candidates", int, 1, MAX_CANDIDATES), Option("max_nodes", int, 1, MAX_TREE_NODES),

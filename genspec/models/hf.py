@@ -10,11 +10,10 @@ every architecture whose attention takes a prepared 4-D mask (Llama, Gemma 3, Qw
 The LM head is applied by genspec (:class:`genspec.kernels.LMHead`), only to the rows that need it,
 with the fastest exact CPU kernel for the number of rows (one ``W @ x.T`` or oneDNN's GEMM over a packed
 copy, timed per row count on a large head); with a 262k vocabulary that halves a decode step's head and makes
-verifying a draft much cheaper than ``F.linear`` (``python benchmarks/costs/step_cost.py``,
-``python benchmarks/costs/verify_width_cost.py``).
+verifying a draft much cheaper than ``F.linear`` (the manual's Backends page has the measurements).
 The decoder's ``nn.Linear`` layers are swapped for :class:`TransposedLinear`, which computes each product
 with the exact kernel (``F.linear``, ``(W @ x.T).T``, or oneDNN's GEMM over a packed copy) that timed
-fastest for that number of rows on this CPU: the ranking differs between CPUs (its docstring has both).
+fastest for that number of rows on this CPU: the ranking differs between CPUs.
 """
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ from genspec.kernels import KernelTuner, LMHead, PackedWeight, needs_grad, packa
 from genspec.models import gguf_file
 from genspec.models.base import CausalLM, PrefixKV
 
-# transformers is imported where it is used: `import genspec` would otherwise spend 3 s on it
+# transformers is imported where it is used: `import genspec` would otherwise spend seconds on it
 
 #: files that make a model directory's tokenizer (if one is there but does not load, that is an error)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
@@ -396,9 +395,8 @@ class HFCausalLM(CausalLM):
         """A function from final hidden states ``[..., H]`` to this model's logits of ``token_ids`` only,
         ``[..., S]``: the same norm, output-layer rows and soft cap as :meth:`head` (a draft head's
         truncated vocabulary; differentiable in the hidden states, for training). The rows go through an
-        :class:`LMHead`: one draft token's logits over 8,192 rows cost 0.66 ms there against 1.91 ms as
-        ``F.linear``, two rows 0.98 against 4.29 ms, on the 2-core AMD EPYC VM (``python
-        benchmarks/costs/subset_head_cost.py``); a plain step is 55-60 ms."""
+        :class:`LMHead`, whose kernels take a draft token's logits at a fraction of ``F.linear``'s cost (the
+        manual's Backends page)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
         bias = None if self._head_bias is None else self._head_bias.detach()[ids]
         head = LMHead(self._head.weight.detach()[ids], bias)
@@ -534,13 +532,10 @@ class TransposedLinear(torch.nn.Module):
     (:class:`genspec.kernels.PackedWeight`, where the weight can take it and no gradient is asked for).
     All exact: the same fp32 products; only the summation order differs.
 
-    The ranking differs between CPUs, hence the timing. On a 2-core AMD EPYC, one or two rows went faster
-    as ``W @ x.T`` with one row as two columns (MKL's two-column GEMM beat its one-column GEMV): the
-    embedded model's decoder at 1, 2, 3, 4 and 8 tokens after 200 took 41 / 35, 44 / 34, 56 / 37, 49 / 35,
-    76 / 58 ms with a strided result / as here; the packed GEMM took its 126 linears from 21-39 ms to
-    16-20 ms for 3-8 rows. On a 2-core Intel Xeon the same 126 linears at 1 / 2 / 4 rows took 60 / 58 / 37
-    ms as ``W @ x.T`` with one row as two, 19 / 22 / 34 as ``F.linear``, 30 / 29 / 31 packed (medians of
-    5, ``python benchmarks/costs/verify_width_cost.py --widths 1,2,4 --repeats 5``). The result is made
+    The ranking differs between CPUs, hence the timing: on one CPU measured one or two rows go faster as
+    ``W @ x.T`` with one row as two columns (MKL's two-column GEMM beats its one-column GEMV) and the packed
+    GEMM is the fastest from 3 rows on; on another ``F.linear`` is the fastest for one or two rows and
+    ``W @ x.T`` the slowest (the manual's Backends page has the measurements). The result is made
     contiguous because a transposed view sends every later op of the layer (norms, RoPE, attention) down a
     strided path: the CPU flash attention refuses a query whose last dimension is strided and falls back
     to the math kernel. Shares the original weight; the packed copy (as large again: 400 MB for the

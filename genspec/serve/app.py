@@ -106,9 +106,9 @@ def run_server(app: FastAPI, host: str, port: int, log_level: str = "warning") -
 
     Why this way round: PyTorch's CPU kernels run on OpenMP, whose thread team belongs to the thread that
     starts it; a second thread doing torch work gets a second team, and with more OpenMP threads than
-    cores libgomp stops spin-waiting between a step's thousands of short parallel regions. The embedded
-    model's forward over 4 rows took 68 ms in the thread that loaded it and 90 ms in another
-    (``python benchmarks/costs/thread_forward.py``, 2-core EPYC), which cost the server 30% of its throughput.
+    cores libgomp stops spin-waiting between a step's thousands of short parallel regions, so a forward in
+    another thread than the one that loaded the model is markedly slower (the manual's page The OpenAI API
+    has the measurement).
 
     On a signal: the listening socket closes first, so a new connection is refused at once; requests in flight
     run up to the settings' ``grace_s`` seconds more, then are cancelled; then the process returns. The HTTP

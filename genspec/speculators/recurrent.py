@@ -100,9 +100,9 @@ class RecurrentDraft(nn.Module):
     def _chain(self, local_ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """:meth:`run` of a chain, a layer at a time over the whole block. A GRU layer's outputs are its states.
         An LSTM layer's outputs are its hidden states only: its cell states follow from them, c_t = f_t c_{t-1} +
-        i_t g_t with the gates of (x_t, h_{t-1}) in one product, a scan of one elementwise product a token (a
-        token-by-token run of the layer read a 4,096-token prompt in 4.4 s of CPU against 0.3 s: ``python
-        benchmarks/costs/recurrent_draft_cost.py --threads 1 --clock cpu``), and the last one is the kernel's own."""
+        i_t g_t with the gates of (x_t, h_{t-1}) in one product, a scan of one elementwise product a token (far
+        quicker than a token-by-token run of the layer on a long prompt: the manual's Draft models page), and the
+        last one is the kernel's own."""
         x, out = self.embed(local_ids), []
         size, width = self.layer_state_size, self.config.width
         for index, layer in enumerate(self.layers):

@@ -3,9 +3,9 @@
 The exact DPs, the simulators and the chain files all grow with their arguments (the multi-draft DP as
 T M^2 V^2, a chain pair as T V^2, a simulation as N T (V + M)); without a bound, ``genspec theory limit
 --max-batch 100000000000`` runs for ever and ``random-chain --vocab 100000 --horizon 1000`` dies of a
-MemoryError. Each algorithm's module states its cost (``*_cost`` functions, per-unit rates measured by
-``python benchmarks/theory/theory_costs.py`` on the shared 2-core VM; accurate to a factor of about 3, which is
-enough to tell minutes from days), and :func:`check` refuses a computation whose estimate exceeds
+MemoryError. Each algorithm's module states its cost (``*_cost`` functions, per-unit rates measured on a CPU:
+accurate to a small factor, which is enough to tell minutes from days; the manual's Theory toolkit page has
+the measurements), and :func:`check` refuses a computation whose estimate exceeds
 :data:`MAX_BYTES` or :data:`MAX_SECONDS` with one line saying the estimate, the limits and why.
 Everything the manual and the benchmarks run stays far below them (the largest, ``theory figures``,
 is estimated at about a minute).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from genspec.errors import ConfigError
 
-#: memory one theory computation may plan to use (this VM has 23 GB for several users and jobs)
+#: memory one theory computation may plan to use (a modest share of a machine shared by several users and jobs)
 MAX_BYTES = 4e9
 #: time one theory computation may be estimated to take
 MAX_SECONDS = 30 * 60.0
@@ -24,7 +24,7 @@ MAX_SECONDS = 30 * 60.0
 
 @dataclass(frozen=True)
 class Cost:
-    """Estimated peak memory (bytes) and time (seconds on the 2-core reference VM) of a computation."""
+    """Estimated peak memory (bytes) and time (seconds on a 2-core CPU, as the rates were measured) of a computation."""
 
     bytes: float = 0.0
     seconds: float = 0.0

@@ -22,8 +22,8 @@ from genspec.errors import ConfigError, InputFileError
 from genspec.theory.budget import Cost, check
 
 ROW_SUM_TOLERANCE = 1e-9
-#: cost per probability of a chain pair (validation walks nested Python lists; JSON text), measured by
-#: ``python benchmarks/theory/theory_costs.py`` (V = 300, T = 50: 9e6 probabilities, 26 s, 0.8 GB)
+#: cost per probability of a chain pair (validation walks nested Python lists; JSON text), measured (the
+#: manual's Theory toolkit page)
 _CHAIN_SECONDS_PER_ENTRY = 3e-6
 _CHAIN_BYTES_PER_ENTRY = 100
 

@@ -35,9 +35,9 @@ VARIANTS = ("batch", "multidraft")
 _FIXED_POINT_MAX_STAGES = 100_000
 _FIXED_POINT_ATOL = 1e-14
 
-# costs, measured by ``python benchmarks/theory/theory_costs.py``: a verifier stage (one Python iteration over
-# [V, V] arrays) takes 2e-4 s + 1e-7 s per V^2 entry and keeps 18 bytes per M V^2; the multi-draft DP's
-# binomial tables [M, V, V, M] take 1.2e-7 s per entry per position and 42 bytes per M^2 V^2 at their peak
+# costs, measured (the manual's Theory toolkit page): a verifier stage (one Python iteration over [V, V]
+# arrays) takes a fixed time plus a time per V^2 entry and keeps bytes per M V^2; the multi-draft DP's binomial
+# tables [M, V, V, M] take a time per entry per position and bytes per M^2 V^2 at their peak
 _STAGE_SECONDS, _STAGE_SECONDS_PER_ENTRY, _STAGE_BYTES_PER_ENTRY = 2e-4, 1e-7, 18
 _BINOMIAL_SECONDS_PER_ENTRY, _BINOMIAL_BYTES_PER_ENTRY = 1.2e-7, 42
 

@@ -18,7 +18,7 @@ from genspec.theory.chains import ChainPair
 from genspec.theory.exact import expected_rejections_sd
 
 VerifyCost = Union[float, Callable[[int], float]]
-#: one speedup evaluation in the optimal-gamma search (``python benchmarks/theory/theory_costs.py``)
+#: one speedup evaluation in the optimal-gamma search, in seconds (measured: the manual's Theory toolkit page)
 _SECONDS_PER_GAMMA = 1e-6
 
 

@@ -32,8 +32,8 @@ from genspec.theory.chains import ChainPair
 from genspec.theory.exact import VARIANTS
 
 DEFAULT_CHUNK = 100_000  # runs simulated together; bounds memory at a few hundred MB for V <= 100
-# costs per run and position, measured by ``python benchmarks/theory/theory_costs.py``: seconds 2e-7 + 1.5e-7 V
-# + 1.5e-7 M + 1.5e-8 V M; memory: the sequences (8 bytes per token, kept twice while concatenated) and
+# costs per run and position, measured (the manual's Theory toolkit page): seconds a + b V + c M + d V M
+# (``_SIM_SECONDS``); memory: the sequences (8 bytes per token, kept twice while concatenated) and
 # about 7 [chunk, V] float64 tensors
 _SIM_SECONDS = (2e-7, 1.5e-7, 1.5e-7, 1.5e-8)
 _SIM_ROW_TENSORS = 7
@@ -111,8 +111,8 @@ def simulate(chain: ChainPair, num_runs: int, batch: int = 1, variant: str = "ba
 @contextlib.contextmanager
 def single_thread():
     """Run torch on one thread, then restore the setting. The simulator's tensors are many short rows
-    (V values each); intra-op threads buy little there and, on a busy 2-core machine, cost a lot
-    (measured: 10^5 runs, V = 7, T = 50, M = 4 took 40 s with 2 threads and 6 s with 1 under load)."""
+    (V values each); intra-op threads buy little there and, on a busy machine with few cores, cost a lot
+    (the manual's Theory toolkit page)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
