@@ -16,8 +16,8 @@ token is right usually goes on being right). The cost policy therefore keeps two
 ``E[tokens](k) = 1 + first * (1 + later + ... + later^(k-1))``.
 
 Evidence: a drafter may say, per row, how strong the evidence behind its proposal is (prompt lookup:
-the length of the matched n-gram; a 1-token match is right about 1 time in 5 on Spec-Bench, a 4-token
-match 9 times in 10: ``python benchmarks/acceptance/lookup_match_acceptance.py``). The policy keeps
+the length of the matched n-gram: a one-token match is right far less often than a four-token one). The
+policy keeps
 separate rates per evidence level, so weak proposals are dropped and strong ones drafted long, in the
 same request. A drafter that costs nothing proposes before the policy decides (the decision can use the
 evidence) and is scored on what it would have proposed when nothing is verified (a new evidence level
@@ -38,14 +38,13 @@ grows without bound for any drafter kept less than half the time, though a draft
 pays from an acceptance of about 0.1.)
 
 Before anything is measured the policy assumes verifying k + 1 tokens costs ``1 + 0.1 k`` plain
-steps (near what the embedded model measures on a CPU: 1.12x for 2 tokens, 1.32x for 8), so the
-first step of a request drafts a couple of tokens, not k_max blind.
+steps (the order of what a small model's block costs on a CPU), so the first step of a request drafts a
+couple of tokens, not k_max blind.
 
 A cost model must not lock itself out of drafting: a width it never tries is never measured, so a wrong
 estimate of it would stand for good. (Where a CPU switches kernels between one row and two, a 2-token
-block can cost more than wider ones: 121 ms against 48 ms for one token and 103-124 ms for 3 to 9 tokens
-on a 2-core Intel Xeon, ``python benchmarks/costs/verify_width_cost.py``; that slope, extrapolated,
-prices a 9-token block at 632 ms.) Hence two rules. Beyond the measured widths the slope is taken from
+block can cost more than wider ones, and that slope, extrapolated, prices a 9-token block at several times
+what it costs.) Hence two rules. Beyond the measured widths the slope is taken from
 widths >= 2, and where only one of those is measured it is the lower of the measured slope and the
 growth prior's; an extra token never costs more than a whole plain step. And the plan explores: where
 a width not yet measured for this batch size would win if it cost what the growth prior says, the
@@ -109,9 +108,8 @@ class CostModel:
     widths, and beyond them the least-squares slope of that batch size's measurements; a batch size with
     fewer than two widths measured borrows the relative curve of the nearest one that has them, and
     the growth prior (each extra token costs ``growth_prior`` of a one-token step) stands in until
-    there is none. Shapes differ much: on this CPU an extra token costs about 10 ms at one row but 4.2
-    ms at four (58 / 137 ms for widths 1 / 9 at one row, 71 / 206 ms at four rows after 256 tokens;
-    ``python benchmarks/policy/switch_point.py``).
+    there is none. Shapes differ much: on a CPU an extra token of a block costs a single row far more than
+    each of four rows (the manual's Draft length page has the measured curves).
     ``genspec serve`` measures a grid of shapes at start (:func:`genspec.calibration.measure_verify_costs`)."""
 
     def __init__(self, decay: float = 0.8, growth_prior: float = 0.1, explore_every: int = EXPLORE_EVERY):
@@ -176,8 +174,8 @@ class CostModel:
 
     def _widths(self, batch: int) -> dict[int, float]:
         """The measured widths of ``batch`` rows, each at most what any wider block of them cost: timing
-        noise only ever adds time, and one slow sample (B = 4 rows measured 183 ms for 3 tokens, 153 ms
-        for 5, ``genspec serve``'s start on the embedded model) must not keep the plan off a width for good."""
+        noise only ever adds time, and one slow sample (4 rows x 3 tokens timed dearer than 4 x 5) must not
+        keep the plan off a width for good."""
         curve = sorted((w, t) for (b, w), t in self.verify.items() if b == batch)
         out, cheapest = {}, float("inf")
         for width, seconds in reversed(curve):
@@ -260,12 +258,12 @@ class CostModel:
 def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
     """``curve`` (width -> seconds, two widths or more) at ``width``: interpolated, or extrapolated with
     a slope, never below zero. The step from 1 token to 2 is no per-token cost: on a CPU it is where the
-    matrix kernels change (a 2-core Intel Xeon: 50 ms for 1 token, 92 ms for 2, 127-153 ms for 4 to 9).
-    So the slope is the least-squares slope of the widths >= 2 where two or more are measured; else
+    matrix kernels change (a 2-token block may cost nearly twice a one-token step and a 9-token one barely
+    more than the 2-token one). So the slope is the least-squares slope of the widths >= 2 where two or more are measured; else
     (width 1 and one wider width) the measured slope or the growth prior's (``growth_prior`` plain steps
     per token), whichever is lower: an optimistic price is corrected by drafting that width once, a
-    pessimistic one never is (a 1-to-2 slope of 48 ms -> 121 ms prices a 9-token block at 632 ms, where
-    114 ms is measured: ``python benchmarks/costs/verify_width_cost.py``). Any slope above one plain step
+    pessimistic one never is (a 1-to-2 slope extrapolated can price a 9-token block at five times what it
+    costs). Any slope above one plain step
     per token is a jump, not a cost, and the growth prior's stands in."""
     if width in curve:
         return curve[width]
@@ -296,19 +294,17 @@ class DraftCost:
     since its last draft, whatever the depth).
 
     The reading is priced apart because it does not grow with the depth: a head with 3 token layers runs
-    those layers over the tokens just committed before it can draft at all (5.0-5.3 ms on a 2-core AMD
-    EPYC, ``python benchmarks/costs/layer_states_cost.py --layers 3``), while one more position is one more
-    head pass (2.56 ms for the shipped head, ``python benchmarks/costs/head_draft_cost.py``). Priced per
+    those layers over the tokens just committed before it can draft at all (about twice a head pass), while
+    one more position is one more head pass. Priced per
     position, the reading would make every position look as dear as a whole draft and keep such a head
     one token deep.
 
     Until measured, a position is priced at ``prior_steps`` plain steps (the drafter's ``draft_cost_prior``;
     0.5 by default: early exit at layer 4 of 18 and layer skip also run the 262k-token head per draft
     position, the int8 copy measured 0.9) and the reading at nothing. Priced at nothing, a new engine's
-    first step would draft as if the drafter were free (early exit and layer skip, which accept nothing
-    on the embedded model, on a fresh engine as ``genspec generate`` has: 0.82-0.88x plain on 32-token
-    answers then, 0.95-1.01x at this price; ``python benchmarks/policy/fresh_request_cost.py``, 2-core AMD
-    EPYC). At this price a fresh engine does not draft blind; it probes one token after a few steps and
+    first step would draft as if the drafter were free (a drafter that accepts nothing, on a fresh engine as
+    ``genspec generate`` has, would cost short answers a good share of plain speed; the manual's
+    self-speculation page has the measurement). At this price a fresh engine does not draft blind; it probes one token after a few steps and
     prices from then on."""
 
     def __init__(self, decay: float = 0.8, prior_steps: float = 0.5):
@@ -347,10 +343,10 @@ def probe_affordable(draft_cost: DraftCost, costs: CostModel, batch: int, read_t
     costs a one-position draft (:meth:`DraftCost.draft_steps`) and that reading, each of its tokens priced at
     the drafter's cost per position (a model reads a prompt token for about what the target's prefill pays per token, times the drafter's size
     relative to the target); it is made only if that is at most ``PROBE_SHARE`` of the plain decoding
-    time left. A useless drafter then costs about a tenth of plain speed at most: a fresh engine's layer
-    skip read each rag prompt (~1,500 tokens, about 2.4 s of target prefill) to probe a 32-token answer and
-    ran at 0.85x plain (``python benchmarks/policy/fresh_request_cost.py``). A probe of a request with a long prompt
-    and a short answer is skipped: the drafter could not win that time back."""
+    time left. A useless drafter then costs about a tenth of plain speed at most, where reading a long
+    prompt (a layer skip reading a 1,500-token document) to probe a 32-token answer would cost more than the
+    answer. A probe of a request with a long prompt and a short answer is skipped: the drafter could not win
+    that time back."""
     step = costs.verify_cost(1, batch)
     if not step:
         return True
@@ -399,8 +395,8 @@ class AcceptanceMemory:
     """What one drafter's proposals achieved across requests, per evidence level: where a new request's
     estimates start. Without it every request would start from the same prior (first token kept 1 time
     in 2), so each short answer would pay again for drafts the previous requests had already shown to
-    fail: on 32-token Spec-Bench answers one failed 8-token lookup draft costs about 6% of plain speed (a
-    9-token block took 123 ms against 48 ms for one token on a 2-core Intel Xeon).
+    fail: on a 32-token answer one failed 8-token lookup draft costs the time of one or two plain tokens (a
+    9-token block costs two to three plain steps on a CPU).
     The engine keeps one memory per drafter and per kind of request (greedy or sampled: when sampling, a
     deterministic draft token y is kept with probability q(y) only, so the same evidence is worth less).
     Counts decay (``decay`` per record), so the memory follows a change of traffic."""
@@ -605,9 +601,8 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
     this batch, plus each costly drafter's time for its longest draft (its pass serves all its rows): its
     reading once and each position (:meth:`DraftCost.draft_steps`). A row's block is what its drafter says a draft of that depth puts in it (``RowPlan.block``): a tree of
     4 nodes makes a 5-token block at every depth, so its one-token draft is no cheaper to verify than a
-    4-deep one. (Priced as a chain, such a tree is planned one token deep at every step: 1.33x plain
-    against 1.65x for the same head drafting 4 deep always, on Spec-Bench prompts the benchmark does not
-    measure, 2-core AMD EPYC.)
+    4-deep one. (Priced as a chain, such a tree is planned one token deep at every step, and gains far
+    less than the same head drafting 4 deep always: the manual's Draft length page.)
 
     Exploring: a block wider than any measured for this batch size is priced by extrapolation, which
     may be wrong and, if too dear, would never be corrected. If such a width would beat the choice

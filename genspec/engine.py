@@ -398,10 +398,9 @@ class SpeculativeEngine:
             self.costs.observe_split(shapes, record.verify_time_s, batch)
         elif shapes and shapes[0] in self._timed_shapes:
             self.costs.observe_verify(shapes[0][1], record.verify_time_s, shapes[0][0])
-        elif shapes:  # a shape's first call pays one-time costs (kernels picked, the packed head weight made): a fresh
-            # engine's first 5-token block took 301 ms, the next seven 55-68 ms (plain steps 48-53 ms); averaged in,
-            # it would price the head's tree at 4 plain steps and switch it off after 3 drafts of a 24-token answer
-            # (python benchmarks/costs/first_verify_cost.py). Calibration drops its first timing too
+        elif shapes:  # a shape's first call pays one-time costs (kernels picked, the packed head weight made), several
+            # times a later call's; averaged in, it would price a head's tree at several plain steps and switch it off
+            # within a short answer (the manual's Draft length page). Calibration drops its first timing too
             self._timed_shapes.add(shapes[0])
         for group in groups:  # after the verify time is taken: measuring and reporting are not verifying
             if any(r.config.logprobs is not None for r in group.requests):

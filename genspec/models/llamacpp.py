@@ -85,13 +85,12 @@ class LlamaCppLM(CausalLM):
 
     backend = "llamacpp"
     # llama.cpp's quantised kernels take other paths for a block of tokens than for one (and with other rows in
-    # the batch): on the embedded Q4_K_M model 4 of 256 greedy tokens flipped between 4-token blocks and one-token
-    # steps, logits differing by up to 1.7 (benchmarks/costs/llamacpp_verify_cost.py)
+    # the batch): a greedy token can flip between a block and one-token steps at a near-tie (the manual's
+    # Backends page counts them)
     batch_invariant = False
     # a block's cost climbs in steps of 4 tokens, in the output layer (with logits at the last position only it is
-    # smooth): 34.0 ms for 4 tokens, 50.0 for 5, 52.0 for 8, 62.0 for 12 on the embedded model
-    # (``python benchmarks/costs/llamacpp_verify_cost.py --threads 2 --repeats 5``), so no width can be priced
-    # between two measured ones
+    # smooth): a 5-token block costs about what an 8-token one does and far more than a 4-token one, so no width
+    # can be priced between two measured ones
     uneven_verify_cost = True
 
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
@@ -107,16 +106,14 @@ class LlamaCppLM(CausalLM):
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0 if str(device) == "cpu" else -1
         if not repack:
-            # the weights stay as the file lays them out (llama.cpp's CPU_REPACK buffers unused): on the embedded
-            # Q4_K_M model a k-token block then rounds like k one-token steps more often, at the same cost (4 / 4 / 3
-            # greedy flips in 256 positions for 2- / 4- / 8-token blocks against 8 / 11 / 7 repacked; 34.0 against
-            # 33.3 ms for 4 tokens, 21.9 against 21.6 for one; ``python benchmarks/costs/llamacpp_verify_cost.py
-            # --threads 2 --repeats 5 [--repack]``), so greedy speculative output leaves plain decoding's less often
+            # the weights stay as the file lays them out (llama.cpp's CPU_REPACK buffers unused): a k-token block
+            # then rounds like k one-token steps more often, at about the same cost (the manual's Backends page),
+            # so greedy speculative output leaves plain decoding's less often
             model_params.use_extra_bufts = False
         elif b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
-            # llama.cpp's AMX kernels crashed on this project's Xeon VM (segfault in ggml_backend_amx_mul_mat at
-            # the first decode of the embedded model, llama-cpp-python 0.3.36 built with -march=native): a build
-            # that has them keeps the weights out of the AMX buffers. The README's set-up builds without them.
+            # llama.cpp's AMX kernels have crashed at the first decode (a segfault in ggml_backend_amx_mul_mat;
+            # Getting started says where): a build that has them keeps the weights out of the AMX buffers. The
+            # README's set-up builds without them.
             model_params.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not self._model:
@@ -464,7 +461,7 @@ def gguf_context(path: str | os.PathLike) -> int | None:
     """The context a :class:`LlamaCppLM` gives the GGUF file at ``path`` by default (its trained context,
     capped at :data:`DEFAULT_CONTEXT`), read from the metadata alone; None if it cannot be read."""
     try:
-        import gguf  # here: 0.2 s that `import genspec`, which imports this module, would spend for a GGUF path
+        import gguf  # here: `import genspec`, which imports this module, need not pay for it
 
         reader = gguf.GGUFReader(str(path))
         architecture = reader.fields["general.architecture"].contents()
@@ -476,7 +473,7 @@ def gguf_context(path: str | os.PathLike) -> int | None:
 
 def gguf_tokenizer(path: Path):
     """The GGUF file's tokenizer, converted by transformers (no network)."""
-    from transformers import AutoTokenizer  # here: 3 s that `import genspec` does not spend otherwise
+    from transformers import AutoTokenizer  # here: `import genspec` does not pay transformers' import otherwise
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
