@@ -117,6 +117,9 @@ class CostModel:
         self.growth_prior = growth_prior
         self.explore_every = explore_every
         self.verify: dict[tuple[int, int], float] = {}  # (batch, width) -> seconds; changed by observe_verify only
+        # (batch, width) -> the plain step of that batch when that width was timed (averaged alike): a width is
+        # priced at its time scaled by how the plain step moved since (:meth:`_widths`)
+        self._plain_then: dict[tuple[int, int], float] = {}
         self.prefill_per_token: float | None = None  # the target's prefill, seconds per prompt token
         self._priced: dict[tuple[int, int], float | None] = {}  # (width, batch) -> verify_cost, until an observation
         # batch -> what steps of several blocks took over the sum of their blocks' costs (the engine's work over
@@ -127,6 +130,12 @@ class CostModel:
     def widest(self, batch: int = 1) -> int:
         """The widest block measured for ``batch`` rows (0: none)."""
         return max((w for b, w in self.verify if b == batch), default=0)
+
+    def extrapolated(self, width: int, batch: int) -> bool:
+        """Whether :meth:`verify_cost` of ``batch`` rows x ``width`` tokens is a guess beyond what was measured:
+        wider than any block of ``batch`` rows, and not between two measured batch sizes with that width (a
+        13 x 8 block between a measured 8 x 8 and 16 x 8 is interpolated, not guessed)."""
+        return width > self.widest(batch) and self._between_batches(width, batch) is None
 
     def prior_relative(self, width: int) -> float:
         """The growth prior: verifying ``width`` tokens costs ``1 + growth_prior (width - 1)`` plain steps."""
@@ -150,16 +159,20 @@ class CostModel:
         self._priced.clear()
         old = self.verify.get((batch, width))
         self.verify[(batch, width)] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        plain = self.verify.get((batch, 1))
+        if width > 1 and plain is not None:
+            then = self._plain_then.get((batch, width))
+            self._plain_then[(batch, width)] = plain if then is None else self.decay * then + (1 - self.decay) * plain
 
     def observe_split(self, shapes: list[tuple[int, int]], seconds: float, batch: int) -> None:
         """A step of ``batch`` rows the target ran as the blocks ``shapes`` (more than one) took ``seconds``: the
         ratio to its blocks' summed costs, a running average per batch size, prices such steps from now on; or,
-        where one block is wider than any measured at its rows, what the others leave is that block's cost."""
+        where one block is priced by a guess (:meth:`extrapolated`), what the others leave is that block's cost."""
         if len(shapes) < 2:
             return
-        # a block wider than any measured at its rows (a plan that explored it) is learned from what the others
-        # leave of the step, so that exploring measures what it explores
-        beyond = [i for i, (rows, tokens) in enumerate(shapes) if tokens > self.widest(rows)]
+        # a block priced by a guess (a plan that explored it) is learned from what the others leave of the step, so
+        # that exploring measures what it explores
+        beyond = [i for i, (rows, tokens) in enumerate(shapes) if self.extrapolated(tokens, rows)]
         costs = [self.verify_cost(tokens, rows) for rows, tokens in shapes]
         if len(beyond) == 1:
             others = [c for i, c in enumerate(costs) if i != beyond[0]]
@@ -175,10 +188,20 @@ class CostModel:
     def _widths(self, batch: int) -> dict[int, float]:
         """The measured widths of ``batch`` rows, each at most what any wider block of them cost: timing
         noise only ever adds time, and one slow sample (4 rows x 3 tokens timed dearer than 4 x 5) must not
-        keep the plan off a width for good."""
+        keep the plan off a width for good.
+
+        A width is timed rarely and the plain step every step, as the contexts grow and a shared machine's speed
+        moves: a wide block timed when a plain step of ``batch`` rows took 0.10 s, priced as it was while plain
+        steps now take 0.20 s, would look half its price against them (drafting would look cheap because the
+        machine slowed). So each width's time is scaled by the plain step's now over the plain step's when it
+        was timed."""
+        plain = self.verify.get((batch, 1))
         curve = sorted((w, t) for (b, w), t in self.verify.items() if b == batch)
         out, cheapest = {}, float("inf")
         for width, seconds in reversed(curve):
+            then = self._plain_then.get((batch, width))
+            if plain is not None and then:
+                seconds *= plain / then
             cheapest = min(cheapest, seconds)
             out[width] = cheapest
         return out
@@ -604,7 +627,8 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
     4-deep one. (Priced as a chain, such a tree is planned one token deep at every step, and gains far
     less than the same head drafting 4 deep always: the manual's Draft length page.)
 
-    Exploring: a block wider than any measured for this batch size is priced by extrapolation, which
+    Exploring: a block wider than any measured at its rows, and not between two measured batch sizes, is
+    priced by extrapolation (:meth:`CostModel.extrapolated`), which
     may be wrong and, if too dear, would never be corrected. If such a width would beat the choice
     above when it cost what the growth prior says (or less, where the model says so), the plan drafts
     it when :meth:`CostModel.explore_due` says so (the first such plan, then one in ``EXPLORE_EVERY``),
@@ -634,8 +658,8 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
     def estimated(lengths: list[int]) -> float:
         return costs.shapes_relative(blocks(lengths), batch)
 
-    def unmeasured(lengths: list[int]) -> bool:  # a block wider than any measured at its rows: extrapolated
-        return any(tokens > costs.widest(count) for count, tokens in blocks(lengths))
+    def unmeasured(lengths: list[int]) -> bool:  # a block priced by extrapolation
+        return any(costs.extrapolated(tokens, count) for count, tokens in blocks(lengths))
 
     def optimistic(lengths: list[int]) -> float:  # unmeasured wider blocks at the growth prior's cost, if lower
         if not unmeasured(lengths):

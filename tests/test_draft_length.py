@@ -432,6 +432,36 @@ def test_an_unpadded_step_that_explores_a_block_measures_it():
     assert all(lengths[0] < 8 for lengths in later) and len({tuple(lengths) for lengths in later}) == 1
 
 
+def test_a_block_between_measured_batch_sizes_is_priced_not_explored():
+    """A 12 x 8 block of a ragged step lies between the measured 8 x 8 and 16 x 8 blocks: its cost is
+    interpolated, not guessed, so the plan does not explore it at the growth prior's price (where a wide block
+    costs several plain steps of a full batch, each such exploration would cost those steps)."""
+    costs = CostModel()
+    for batch in (1, 8, 16):
+        for width in range(1, 10):
+            costs.observe_verify(width, 0.01 * batch * width, batch)
+    assert not costs.extrapolated(8, 12) and costs.extrapolated(10, 12) and costs.extrapolated(8, 20)
+    assert costs.verify_cost(8, 12) == pytest.approx(0.96)
+    rows = [RowPlan(_policy(0.8, 0.8), None, 8) for _ in range(12)] + [RowPlan(None) for _ in range(4)]
+    assert equal_split([9] * 12 + [1] * 4) == [(16, 1), (12, 8)]
+    assert all(plan(rows, costs, equal_split) == [0] * 16 for _ in range(2 * EXPLORE_EVERY))
+
+
+def test_a_width_is_priced_against_the_plain_step_it_was_timed_beside():
+    """Plain steps are timed every step, wider blocks rarely: when the plain step's cost doubles (longer
+    contexts, a slower shared machine), a width timed before is priced at double too, so drafting does not look
+    cheap only because the plain step it is compared with was timed later."""
+    costs = CostModel(decay=0.0)  # each observation replaces the last: the figures below are exact
+    costs.observe_verify(1, 0.10, 16)
+    costs.observe_verify(3, 0.30, 16)
+    assert costs.relative(3, 16) == pytest.approx(3.0)
+    costs.observe_verify(1, 0.20, 16)  # the plain step is now twice as dear
+    assert costs.verify_cost(3, 16) == pytest.approx(0.60)
+    assert costs.relative(3, 16) == pytest.approx(3.0)
+    costs.observe_verify(3, 0.40, 16)  # timed again beside the 0.20 s plain step
+    assert costs.verify_cost(3, 16) == pytest.approx(0.40) and costs.relative(3, 16) == pytest.approx(2.0)
+
+
 def test_cost_model_interpolates_between_batch_sizes():
     costs = CostModel()
     costs.observe_verify(1, 0.08, batch=8)
