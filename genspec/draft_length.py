@@ -122,6 +122,7 @@ class CostModel:
         self._plain_then: dict[tuple[int, int], float] = {}
         self.prefill_per_token: float | None = None  # the target's prefill, seconds per prompt token
         self._priced: dict[tuple[int, int], float | None] = {}  # (width, batch) -> verify_cost, until an observation
+        self._guessed: dict[tuple[int, int], bool] = {}  # (width, batch) -> extrapolated, until an observation
         # batch -> what steps of several blocks took over the sum of their blocks' costs (the engine's work over
         # the padded slots of its logits, contexts longer than the calibration's): such a step is priced at it
         self.split_factor: dict[int, float] = {}
@@ -135,7 +136,10 @@ class CostModel:
         """Whether :meth:`verify_cost` of ``batch`` rows x ``width`` tokens is a guess beyond what was measured:
         wider than any block of ``batch`` rows, and not between two measured batch sizes with that width (a
         13 x 8 block between a measured 8 x 8 and 16 x 8 is interpolated, not guessed)."""
-        return width > self.widest(batch) and self._between_batches(width, batch) is None
+        key = (width, batch)
+        if key not in self._guessed:  # asked for every block of every candidate a plan prices: once per observation
+            self._guessed[key] = width > self.widest(batch) and self._between_batches(width, batch) is None
+        return self._guessed[key]
 
     def prior_relative(self, width: int) -> float:
         """The growth prior: verifying ``width`` tokens costs ``1 + growth_prior (width - 1)`` plain steps."""
@@ -157,6 +161,7 @@ class CostModel:
 
     def observe_verify(self, width: int, seconds: float, batch: int = 1) -> None:
         self._priced.clear()
+        self._guessed.clear()
         old = self.verify.get((batch, width))
         self.verify[(batch, width)] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
         plain = self.verify.get((batch, 1))
