@@ -18,12 +18,14 @@ def _permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def write_tiny_gguf(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64, context: int = 256,
-                    scale: float = 1.0, vocab: int | None = None):
+                    scale: float = 1.0, vocab: int | None = None, weight_type: str = "F32"):
     """Write a tiny Llama GGUF (float32 weights) to ``path``; returns ``(hf_model, tokenizer)``, the same
     function in transformers (float32) and the byte tokenizer its vocabulary matches. ``scale`` sharpens
     the next-token laws (see ``tiny_models.peaked``). With ``vocab`` (for exact laws over few tokens) the
     vocabulary is ``vocab`` made-up tokens and the tokenizer None. Either vocabulary ends with the result of
-    its one BPE merge (the byte tokenizer never produces it)."""
+    its one BPE merge (the byte tokenizer never produces it). ``weight_type`` (a ``gguf.GGMLQuantizationType``
+    name that gguf-py can write: F32, F16, BF16, Q8_0, Q5_0, Q4_0, ...) stores the matrices so, the norms in F32;
+    the transformers model then computes the unquantised function."""
     import gguf
 
     if vocab is None:
@@ -65,8 +67,14 @@ def write_tiny_gguf(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64
     state = {name: tensor.detach().float() for name, tensor in model.state_dict().items()}
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
 
+    kind = gguf.GGMLQuantizationType[weight_type]
+
     def add(name: str, tensor: torch.Tensor) -> None:
-        writer.add_tensor(name, np.ascontiguousarray(tensor.numpy().astype(np.float32)))
+        values = np.ascontiguousarray(tensor.numpy().astype(np.float32))
+        if values.ndim < 2 or kind is gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, values)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
 
     add("token_embd.weight", state["model.embed_tokens.weight"])
     for layer in range(layers):
