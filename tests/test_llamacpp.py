@@ -20,7 +20,7 @@ from tiny_gguf import write_tiny_gguf  # noqa: E402
 import genspec  # noqa: E402
 from genspec.engine import SpeculativeEngine  # noqa: E402
 from genspec.errors import ConfigError, InputFileError  # noqa: E402
-from genspec.models.llamacpp import LlamaCppLM  # noqa: E402
+from genspec.models.llamacpp import KVCacheType, LlamaCppLM  # noqa: E402
 from genspec.sampling import SamplingConfig, process_logits  # noqa: E402
 
 
@@ -75,6 +75,28 @@ def test_a_quantised_tiny_gguf_holds_its_matrices_in_that_type(tmp_path):
         reference = model(torch.tensor([prompt])).logits.float()
     assert torch.equal(logits.argmax(-1), reference.argmax(-1))
     assert (logits - reference).abs().max().item() < 0.1
+
+
+@pytest.mark.parametrize("kv_cache_type", list(KVCacheType))
+def test_a_bf16_cache_gives_a_block_the_logits_of_single_steps_past_512_cells(tmp_path, kv_cache_type):
+    """Past 512 cached tokens a lone one-token step and an 8-token block compute the same positions' logits
+    bitwise with a bf16 KV cache (flash attention runs every query over the cells in order) and not with llama.cpp's
+    default f16 cache (a lone query's cells are split across threads); Q8_0 weights, whose products do not depend
+    on the rows beside them."""
+    path = tmp_path / "tiny-q8.gguf"
+    _, tokenizer = write_tiny_gguf(path, seed=0, scale=4.0, context=1024, weight_type="Q8_0")
+    model = LlamaCppLM(path, tokenizer, context=1024, max_rows=1, threads=2, kv_cache_type=kv_cache_type)
+    prompt = torch.randint(5, 200, (600,), generator=torch.Generator().manual_seed(0)).tolist()
+    block = [17, 40, 41, 42, 7, 3, 100, 9]
+    model.add_rows([prompt])
+    steps = []
+    for token in block:
+        steps.append(model.forward(torch.tensor([[token]]))[0, -1].clone())
+        model.commit_all()
+    model.reset(0)
+    model.add_rows([prompt])
+    together = model.forward(torch.tensor([block]))[0]
+    assert torch.equal(together, torch.stack(steps)) == (kv_cache_type is KVCacheType.BF16)
 
 def test_transient_logits_are_forwards_without_the_copy(target):
     """``forward_transient`` gives ``forward``'s logits bit for bit, for a block where every slot is an output

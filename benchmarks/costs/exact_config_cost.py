@@ -5,38 +5,23 @@ the llama.cpp settings of exactness_probe.py (--kv-type, --tiled): what the batc
 """
 import argparse
 import json
-import os
 import statistics
 import time
 
+import llama_settings
+
 ap = argparse.ArgumentParser()
-ap.add_argument("--fa", type=int, default=1)
 ap.add_argument("--context", type=int, default=200)
 ap.add_argument("--reps", type=int, default=9)
-ap.add_argument("--label", default="")
-ap.add_argument("--kv-type", choices=("f16", "bf16"), default="f16")
-ap.add_argument("--tiled", choices=("default", "off", "force"), default="default")
+llama_settings.add_arguments(ap)
 a = ap.parse_args()
-if a.tiled != "default":
-    os.environ["GGML_CPU_TILED_MM" if a.tiled == "off" else "GGML_CPU_TILED_MM_FORCE"] = "0" if a.tiled == "off" else "1"
-import llama_cpp
-
-_defaults = llama_cpp.llama_context_default_params
-
-
-def _params():
-    params = _defaults()
-    params.type_k = params.type_v = {"f16": 1, "bf16": 30}[a.kv_type]  # ggml_type ids
-    return params
-
-
-llama_cpp.llama_context_default_params = _params
+options = llama_settings.apply(a)
 import torch
 
 from genspec.embedded import default_gguf_path
 from genspec.models.llamacpp import LlamaCppLM
 
-lm = LlamaCppLM(default_gguf_path(progress=False), max_rows=16, context=2048, flash_attention=bool(a.fa))
+lm = LlamaCppLM(default_gguf_path(progress=False), max_rows=16, context=2048, **options)
 g = torch.Generator().manual_seed(0)
 res = {}
 for rows in (1, 4, 16):

@@ -13,33 +13,24 @@ import argparse
 import json
 import os
 
+import llama_settings
+
 ap = argparse.ArgumentParser()
-ap.add_argument("--fa", type=int, default=1)
 ap.add_argument("--repack", type=int, default=0)
 ap.add_argument("--gguf", default=None)
 ap.add_argument("--steps", type=int, default=16)
 ap.add_argument("--len0", type=int, default=20)
 ap.add_argument("--threads", type=int, default=None)
-ap.add_argument("--kv-type", choices=("f16", "bf16"), default="f16")
-ap.add_argument("--tiled", choices=("default", "off", "force"), default="default")
+llama_settings.add_arguments(ap)
 a = ap.parse_args()
-if a.tiled != "default":
-    os.environ["GGML_CPU_TILED_MM" if a.tiled == "off" else "GGML_CPU_TILED_MM_FORCE"] = "0" if a.tiled == "off" else "1"
-import llama_cpp
-
-_defaults = llama_cpp.llama_context_default_params
-def _params():
-    params = _defaults()
-    params.type_k = params.type_v = {"f16": 1, "bf16": 30}[a.kv_type]  # ggml_type ids
-    return params
-llama_cpp.llama_context_default_params = _params
+options = llama_settings.apply(a)
 import torch
 
 from genspec.embedded import default_gguf_path
 from genspec.models.llamacpp import LlamaCppLM
 
 path = a.gguf or default_gguf_path(progress=False)
-lm = LlamaCppLM(path, max_rows=16, context=2048, threads=a.threads, flash_attention=bool(a.fa), repack=bool(a.repack))
+lm = LlamaCppLM(path, max_rows=16, context=2048, threads=a.threads, repack=bool(a.repack), **options)
 V = lm.vocab_size
 g = torch.Generator().manual_seed(0)
 prompts = [torch.randint(10, min(5000, V - 1), ((a.len0 if i == 0 else 20) + 3 * i,), generator=g).tolist() for i in range(16)]

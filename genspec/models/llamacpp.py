@@ -21,6 +21,7 @@ need the torch backend; they say so when built for this one.
 from __future__ import annotations
 
 import ctypes
+import enum
 import os
 from pathlib import Path
 
@@ -43,6 +44,17 @@ MAX_LEAVES_PER_ROW = 8
 LLAMA_MAX_SEQUENCES = 256
 
 
+class KVCacheType(enum.IntEnum):
+    """The number type of the KV cache, by its ggml type id. ``F16`` is llama.cpp's default. ``BF16`` also takes
+    llama.cpp's CPU flash attention off the paths that depend on the batch: with an f16 or f32 cache a lone query
+    past 512 cells has its cells split across the threads and the partial sums merged, while a block's queries
+    each run over all cells in order, so a position's logits differ between the two; a bf16 cache always runs the
+    second way and accumulates the values in float32."""
+
+    F16 = 1
+    BF16 = 30
+
+
 def _import_llama_cpp():
     try:
         import llama_cpp
@@ -62,7 +74,7 @@ def _quiet_backend(llama_cpp) -> None:
     if _BACKEND_READY:
         return
     @llama_cpp.llama_log_callback
-    def _ignore(level, text, user_data):  # noqa: ARG001
+    def _ignore(level, text, user_data):
         return None
 
     _LOG_CALLBACK = _ignore
@@ -81,7 +93,8 @@ class LlamaCppLM(CausalLM):
     ``shared_cache`` makes the KV cache one shared by all rows, which token trees need
     (:meth:`reserve_candidates` makes it so when a drafter drafts them), instead of a stream per row;
     ``flash_attention`` turns llama.cpp's fused attention on where the cache is a stream per row (on by
-    default; a shared cache runs without it: :meth:`_make_context` says why)."""
+    default; a shared cache runs without it: :meth:`_make_context` says why); ``kv_cache_type`` the KV cache's
+    number type (:class:`KVCacheType`)."""
 
     backend = "llamacpp"
     # llama.cpp's quantised kernels take other paths for a block of tokens than for one (and with other rows in
@@ -95,7 +108,7 @@ class LlamaCppLM(CausalLM):
 
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
                  threads: int | None = None, device: str = "cpu", repack: bool = False, flash_attention: bool = True,
-                 shared_cache: bool = False):
+                 shared_cache: bool = False, kv_cache_type: KVCacheType = KVCacheType.F16):
         llama_cpp = _import_llama_cpp()
         _quiet_backend(llama_cpp)
         path = Path(path)
@@ -134,6 +147,7 @@ class LlamaCppLM(CausalLM):
             raise ConfigError(f"max_rows must be below {LLAMA_MAX_SEQUENCES} (llama.cpp's sequences), got {max_rows}")
         self._threads = threads or len(os.sched_getaffinity(0))
         self._flash_attention = flash_attention
+        self.kv_cache_type = KVCacheType(kv_cache_type)
         self._context = self._batch = None
         self._make_context(shared_cache)
         described = ctypes.create_string_buffer(256)
@@ -169,6 +183,7 @@ class LlamaCppLM(CausalLM):
         params.swa_full = True
         params.kv_unified = shared
         params.no_perf = True
+        params.type_k = params.type_v = int(self.kv_cache_type)
         # llama.cpp's CPU flash attention accumulates float16 values in float16, in cell order: in a shared cache a
         # row's logits then move when another row leaves it, and a tree's nodes leave their chain's (by 5e-4 and
         # 6e-4 on the float32 test model), so a shared cache runs without it; with a stream per row the cells a
@@ -217,7 +232,7 @@ class LlamaCppLM(CausalLM):
 
     # ---------------------------------------------------------------- loading
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike, tokenizer=None, **options) -> "LlamaCppLM":
+    def from_gguf(cls, path: str | os.PathLike, tokenizer=None, **options) -> LlamaCppLM:
         """Load a GGUF file; its tokenizer converted by transformers (``tokenizer`` overrides it)."""
         path = Path(path)
         if not path.is_file():
@@ -473,12 +488,14 @@ def gguf_context(path: str | os.PathLike) -> int | None:
 
 def gguf_tokenizer(path: Path):
     """The GGUF file's tokenizer, converted by transformers (no network)."""
-    from transformers import AutoTokenizer  # here: `import genspec` does not pay transformers' import otherwise
+    from transformers import (
+        AutoTokenizer,  # here: `import genspec` does not pay transformers' import otherwise
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     try:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - transformers raises ValueError, KeyError, OSError, ...
+    except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputFileError(f"cannot read the tokenizer of {path}: {message}") from exc
