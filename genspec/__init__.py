@@ -9,4 +9,5 @@ from genspec.errors import (  # noqa: E402,F401
     ConfigError, ContextLengthError, GenerationError, GenspecError, InputFileError, NumericalError)
 from genspec.api import DRAFTERS, Backend, build_drafter, load, load_model  # noqa: E402,F401
 from genspec.engine import GenerationConfig, SpeculativeEngine  # noqa: E402,F401
+from genspec.models.llamacpp import Kernels  # noqa: E402,F401
 from genspec.sampling import SamplingConfig  # noqa: E402,F401

@@ -20,7 +20,7 @@ from genspec.errors import ConfigError, InputFileError
 from genspec.models import gguf_file
 from genspec.models.base import CausalLM
 from genspec.models.hf import HFCausalLM, parse_device, parse_dtype
-from genspec.models.llamacpp import DEFAULT_CONTEXT, LlamaCppLM, gguf_context
+from genspec.models.llamacpp import DEFAULT_CONTEXT, Kernels, LlamaCppLM, gguf_context
 
 
 #: dtypes the embedded model cannot run in, and why. float16: Gemma 3's residual stream outgrows float16's
@@ -79,12 +79,16 @@ def resolve_backend(path: str | None, backend: "str | Backend" = Backend.AUTO, d
 
 
 def load_model(path: str | None = None, dtype: str = "float32", device: str = "cpu",
-               backend: "str | Backend" = Backend.AUTO, max_rows: int | None = None) -> CausalLM:
+               backend: "str | Backend" = Backend.AUTO, max_rows: int | None = None,
+               kernels: str | Kernels = Kernels.EXACT) -> CausalLM:
     """A target model from a local directory or GGUF file, or the embedded default (Gemma 3 270M) if ``path``
     is None, on ``backend`` (see :class:`Backend`). A dtype or device that cannot work is refused before anything
-    loads; ``max_rows`` sizes a llamacpp model's sequences (default 8)."""
+    loads; ``max_rows`` sizes a llamacpp model's sequences (default 8); ``kernels`` picks a llamacpp model's
+    (:class:`~genspec.models.llamacpp.Kernels`: exact, whose logits do not depend on the batch, or fast; the
+    torch backend has one kind)."""
     backend = resolve_backend(path, backend, dtype)
     parse_device(device)
+    kernels = Kernels.parse(kernels)
     if backend is Backend.LLAMACPP:
         if dtype != "float32":
             raise ConfigError(f"dtype {dtype} applies to the torch backend; a GGUF model keeps its own quantisation")
@@ -93,8 +97,8 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
             from transformers import AutoTokenizer  # here: seconds that `import genspec` does not spend otherwise
 
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, local_files_only=True)
-            return LlamaCppLM(gguf, tokenizer, max_rows=max_rows or 8, device=device)
-        return LlamaCppLM.from_gguf(path, max_rows=max_rows or 8, device=device)
+            return LlamaCppLM(gguf, tokenizer, max_rows=max_rows or 8, device=device, kernels=kernels)
+        return LlamaCppLM.from_gguf(path, max_rows=max_rows or 8, device=device, kernels=kernels)
     check_dtype(path, dtype)
     if path is None:
         path = default_model_dir()  # verified against its checksums, rebuilt if damaged
@@ -141,12 +145,14 @@ def check_drafters(drafter: str, draft_model: str | None = None, drafter_options
 def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: str | None = None,
          dtype: str = "float32", device: str = "cpu", extra_drafters: Mapping[str, Mapping] | None = None,
          max_batch_size: int | None = None, backend: "str | Backend" = Backend.AUTO,
-         measure_costs: bool | None = None, **drafter_options) -> SpeculativeEngine:
+         measure_costs: bool | None = None, kernels: str | Kernels = Kernels.EXACT,
+         **drafter_options) -> SpeculativeEngine:
     """A ready :class:`SpeculativeEngine`: target from ``model`` (default: embedded) on ``backend``, drafter
     by name.
 
     ``extra_drafters`` (name -> options) adds drafters a request may pick instead of the default with
-    ``GenerationConfig(drafter=NAME)``; ``max_batch_size`` caps the running batch. ``measure_costs``: time
+    ``GenerationConfig(drafter=NAME)``; ``max_batch_size`` caps the running batch; ``kernels`` a llamacpp
+    target's (:func:`load_model`). ``measure_costs``: time
     one row's verify blocks before returning (:func:`genspec.calibration.calibrate_engine`; about a second
     on llama.cpp); None (default) does so where the target's cost is uneven in the block width (llama.cpp),
     elsewhere the engine measures its costs as it runs.
@@ -156,7 +162,8 @@ def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: 
     if max_batch_size is not None:
         integer("max_batch_size", max_batch_size, minimum=1)
     drafter_options, extra = check_drafters(drafter, draft_model, drafter_options, extra_drafters)  # before loading
-    target = load_model(model, dtype=dtype, device=device, backend=backend, max_rows=max_batch_size)
+    target = load_model(model, dtype=dtype, device=device, backend=backend, max_rows=max_batch_size,
+                        kernels=kernels)
     default = build_drafter(drafter, target, **drafter_options)
     others = {name: build_drafter(name, target, **options) for name, options in extra.items() if name != "none"}
     engine = SpeculativeEngine(target, default, drafters=others, max_batch_size=max_batch_size)

@@ -52,7 +52,7 @@ def add_parser(subparsers) -> None:
         description="Decode Spec-Bench prompts with plain decoding, genspec's methods and Hugging Face "
                     "baselines, interleaved in one process; write results.json, report.md and PNG plots.",
         epilog="examples:\n" + __doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_options(bench, "model", "backend", "draft_model",
+    add_options(bench, "model", "backend", "kernels", "draft_model",
                 model={"help": "target model directory or .gguf file (default: embedded Gemma 3 270M)"},
                 backend={"help": "what runs the target (see genspec generate --help); the reference baseline is its "
                                  "own plain decoding: hf-plain on torch, llamacpp-plain on llamacpp"},
@@ -166,7 +166,7 @@ def resolve_settings(args) -> dict:
             sweep_method = genspec_methods[0]
         else:
             raise ConfigError("--k-sweep needs a genspec method: add one to --methods or give --sweep-method")
-    return {"model": args.model, "backend": backend, "draft_model": args.draft_model, "methods": methods, "categories": categories,
+    return {"model": args.model, "backend": backend, "kernels": args.kernels, "draft_model": args.draft_model, "methods": methods, "categories": categories,
             "num_prompts": pick["num_prompts"], "skip_prompts": args.skip_prompts,
             "max_new_tokens": pick["max_new_tokens"],
             "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "repeats": pick["repeats"],
@@ -181,6 +181,8 @@ def command_line(s: dict) -> str:
     if s["model"]:
         parts += ["--model", str(s["model"])]
     parts += ["--backend", s.get("backend", "torch")]
+    if s.get("backend") == "llamacpp":
+        parts += ["--kernels", s.get("kernels", "exact")]
     if s["draft_model"]:
         parts += ["--draft-model", str(s["draft_model"])]
     parts += ["--methods", ",".join(m.name for m in s["methods"]), "--categories", ",".join(s["categories"]),

@@ -31,7 +31,8 @@ TRUSTED_SPREAD = 0.25
 
 def add_parser(subparsers) -> None:
     demo = subparsers.add_parser("demo", help="plain vs speculative decoding on the embedded default model")
-    add_options(demo, "model", "backend", "drafter", "draft_model", "num_draft_tokens", "max_new_tokens", "draft_length")
+    add_options(demo, "model", "backend", "kernels", "drafter", "draft_model", "num_draft_tokens", "max_new_tokens",
+                "draft_length")
     demo.add_argument("--repeats", type=int, default=3, metavar="R",
                       help="runs of each decoding per prompt, alternating (default 3): medians and their range")
     demo.add_argument("--json", action="store_true")
@@ -121,8 +122,8 @@ def near_tie_note(backend: str) -> str:
     """What the demo prints when greedy outputs differ on a target that is not batch invariant."""
     return (f"some greedy outputs differ from plain decoding where they meet a near-tie: {backend}'s kernels round "
             f"a block of tokens differently from one token, so the acceptance rule, which is exact, is handed other "
-            f"logits than a plain step computes; --backend torch in float32 gives equal outputs (the manual's "
-            f"Backends page, \"{EXACTNESS_SECTION}\")")
+            f"logits than a plain step computes; --kernels exact on a quantised GGUF model, or --backend torch in "
+            f"float32, gives equal outputs (the manual's Backends page, \"{EXACTNESS_SECTION}\")")
 
 
 def run_demo(args) -> int:
@@ -137,7 +138,7 @@ def run_demo(args) -> int:
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
                               draft_length=args.draft_length)
     with console.status("loading the model (the first run converts the embedded model, about a minute)"):
-        target = genspec.load_model(args.model, backend=args.backend)
+        target = genspec.load_model(args.model, backend=args.backend, kernels=args.kernels)
         drafter = genspec.build_drafter(args.drafter, target, **options)
     plain, spec = SpeculativeEngine(target), SpeculativeEngine(target, drafter)
     k = args.num_draft_tokens or drafter.capabilities.default_draft_tokens
@@ -157,14 +158,14 @@ def run_demo(args) -> int:
     ok = greedy_check_passes(match, target)
     note = noise_note(rows, args.repeats)
     if args.json:
-        print(dumps({"backend": target.backend,
+        print(dumps({"backend": target.backend, "batch_invariant": target.batch_invariant,
                      "drafter": args.drafter, "num_draft_tokens": k, "repeats": args.repeats,
                      "trusted_spread": TRUSTED_SPREAD, "note": note, "results": rows}))
         return 0 if ok else 1
     table = Table(title=f"genspec demo on {target.backend}: plain vs {args.drafter} (greedy, k={k}, {args.max_new_tokens} new tokens; "
                         f"median of {args.repeats} alternating run(s) each)")
     for column in ("prompt", "plain tok/s", "speculative tok/s", "speedup", "speedup range", "acceptance",
-                   "mean accepted", "outputs match"):
+                   "mean accepted", "identical to plain"):
         table.add_column(column, justify="right" if column != "prompt" else "left")
     for r in rows:
         speedups = r["speedup_runs"]
@@ -179,7 +180,7 @@ def run_demo(args) -> int:
     if note:
         console.print(f"[yellow]note: {note}[/yellow]")
     if match:
-        console.print("greedy speculative outputs equal plain outputs token for token")
+        console.print("greedy speculative outputs are identical to plain decoding's, token for token")
     elif ok:
         console.print(f"[yellow]{near_tie_note(target.backend)}[/yellow]")
     else:

@@ -16,7 +16,7 @@ from genspec.textfiles import decode_utf8, read_utf8_text
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    add_options(parser, "model", "backend", "drafter", "draft_model", drafter={
+    add_options(parser, "model", "backend", "kernels", "drafter", "draft_model", drafter={
         "help": "speculator: none, prompt-lookup, draft-model, early-exit, layer-skip, quantized, hierarchical, ..."})
     parser.add_argument("--num-drafts", type=int, default=1, help="independent draft chains verified as a tree")
     add_options(parser, "drafter_option", "num_draft_tokens", "draft_length", "temperature", "top_k", "top_p",
@@ -148,7 +148,7 @@ def run_generate(args) -> int:
     check_model(args.model, args.dtype, args.max_new_tokens, args.backend)
     prompt = read_prompt(args.prompt)
     engine = genspec.load(args.model, drafter=args.drafter, draft_model=args.draft_model, dtype=args.dtype,
-                          backend=args.backend, **options)
+                          backend=args.backend, kernels=args.kernels, **options)
     check_prompt_fits(engine, prompt, args.max_new_tokens)
     if engine.drafter is not None and engine.drafter.capabilities.samples_drafts and args.seed is not None \
             and args.temperature > 0 and args.draft_length == "cost" \

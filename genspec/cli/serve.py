@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
         description="Serve a model over HTTP with speculative decoding: /v1/completions, /v1/chat/completions, "
                     "/v1/models, /health, /metrics and a playground at /.",
         epilog="examples:\n" + __doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_options(serve, "model", "backend", backend={
+    add_options(serve, "model", "backend", "kernels", backend={
         "flags": ("--model-backend",),
         "help": "what runs the model (genspec generate's --backend): llamacpp, torch, or auto (default: llamacpp for "
                 "a .gguf file and for the embedded model when llama-cpp-python is installed); --backend chooses one "
@@ -146,8 +146,8 @@ def server_settings(args):
     security = security_settings(args)
     model_backend = resolve_backend(args.model, args.model_backend, args.dtype).value  # a bad pair fails early
     return ServerSettings(
-        model=args.model, model_backend=model_backend, drafter=args.drafter, draft_model=args.draft_model,
-        dtype=args.dtype, extra_drafters=extra_drafters(args.extra_drafter),
+        model=args.model, model_backend=model_backend, kernels=args.kernels, drafter=args.drafter,
+        draft_model=args.draft_model, dtype=args.dtype, extra_drafters=extra_drafters(args.extra_drafter),
         drafter_options=dict(parse_option(o) for o in args.drafter_option), max_batch_size=args.max_batch_size,
         measure_costs=not args.no_cost_measurement, served_model_name=args.served_model_name,
         max_queue=args.max_queue, grace_s=args.grace_period,

@@ -23,6 +23,8 @@ from __future__ import annotations
 import ctypes
 import enum
 import os
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,74 @@ class KVCacheType(enum.IntEnum):
 
     F16 = 1
     BF16 = 30
+
+
+class Kernels(str, enum.Enum):
+    """Which of llama.cpp's CPU kernels compute a decode.
+
+    ``exact`` (the default): a row's logits do not depend on how many tokens or rows share its decode, so greedy
+    speculation gives plain greedy decoding's tokens and a seeded sample repeats whatever the draft lengths. It
+    runs flash attention over a bfloat16 KV cache (:class:`KVCacheType`), keeps the weights as the file lays them
+    out (no repacking: repacked Q4_K rows take a 4-row kernel in groups of 4 and a 1-row one for the rest) and
+    turns llama.cpp's tiled matrix kernels off for the process (``GGML_CPU_TILED_MM=0``: K-quant products of 8 or
+    more rows are tiled, fewer are one dot product per output element). It holds for quantised weights; float
+    weights (F32, F16, BF16) are multiplied by llamafile's kernels from 2 rows on, a stock build's, which sum in
+    another order than the 1-row dot product, so a model holding any is not batch invariant
+    (:attr:`LlamaCppLM.batch_invariant` says which).
+
+    ``fast``: llama.cpp's own defaults (a float16 cache, tiled kernels, repacking if asked): a big block or batch
+    costs a little less, and a greedy token may flip at a near-tie. The manual's Backends page has the costs."""
+
+    EXACT = "exact"
+    FAST = "fast"
+
+    @classmethod
+    def parse(cls, value: str | Kernels) -> Kernels:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"unknown kernels {value!r}; choose from: {', '.join(k.value for k in cls)}") from None
+
+
+#: weight types whose products give each output element one dot product in one order, whatever the number of
+#: rows, once tiled kernels are off (measured: benchmarks/costs/exactness_probe.py); float weights are not
+#: among them (llamafile's kernels, from 2 rows)
+_INVARIANT_WEIGHT_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
+
+#: whether llama.cpp's tiled matrix kernels are on in this process: it reads ``GGML_CPU_TILED_MM`` once, at the
+#: first matrix product, so the first model made decides (None: no model made yet)
+_TILED_MM_ON: bool | None = None
+
+
+def _tiled_kernels_off(exact: bool) -> bool:
+    """Whether llama.cpp's tiled kernels are off for this process, turning them off first if no model has been
+    made yet and ``exact`` asks for it (a ``GGML_CPU_TILED_MM`` the user set is left as it is)."""
+    global _TILED_MM_ON
+    if _TILED_MM_ON is None:
+        if exact:
+            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+        setting = os.environ.get("GGML_CPU_TILED_MM")
+        _TILED_MM_ON = setting is None or _atoi(setting) != 0  # llama.cpp's own reading of it
+    return not _TILED_MM_ON
+
+
+def _atoi(text: str) -> int:
+    """C's ``atoi``: the leading integer of ``text`` (0 if none)."""
+    match = re.match(r"\s*([+-]?\d+)", text)
+    return int(match.group(1)) if match else 0
+
+
+def _float_weight_types(path: Path) -> set[str]:
+    """The weight types (of tensors of 2 or more dimensions) in the GGUF file that are not among the batch-invariant
+    quantised ones; an unreadable header counts as holding such weights."""
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        types = {gguf.GGMLQuantizationType(t.tensor_type).name for t in reader.tensors if len(t.shape) >= 2}
+    except (OSError, ValueError, KeyError, IndexError):
+        return {"unknown"}
+    return types - _INVARIANT_WEIGHT_TYPES
 
 
 def _import_llama_cpp():
@@ -94,13 +164,16 @@ class LlamaCppLM(CausalLM):
     (:meth:`reserve_candidates` makes it so when a drafter drafts them), instead of a stream per row;
     ``flash_attention`` turns llama.cpp's fused attention on where the cache is a stream per row (on by
     default; a shared cache runs without it: :meth:`_make_context` says why); ``kv_cache_type`` the KV cache's
-    number type (:class:`KVCacheType`)."""
+    number type (:class:`KVCacheType`; default: bf16 with exact kernels, f16 with fast ones); ``kernels``
+    exact or fast (:class:`Kernels`).
+
+    :attr:`batch_invariant` is true where the logits are exact: exact kernels, quantised weights, the CPU, a
+    cache stream per row (token trees' shared cache runs attention without flash attention, whose products
+    depend on the batch), and llama.cpp's tiled kernels off for the process, which the first model made in a
+    process decides (made with fast kernels, or after llama-cpp-python's own ``Llama`` has decoded, they stay
+    on: set ``GGML_CPU_TILED_MM=0`` before either to keep them off)."""
 
     backend = "llamacpp"
-    # llama.cpp's quantised kernels take other paths for a block of tokens than for one (and with other rows in
-    # the batch): a greedy token can flip between a block and one-token steps at a near-tie (the manual's
-    # Backends page counts them)
-    batch_invariant = False
     # a block's cost climbs in steps of 4 tokens, in the output layer (with logits at the last position only it is
     # smooth): a 5-token block costs about what an 8-token one does and far more than a 4-token one, so no width
     # can be priced between two measured ones
@@ -108,20 +181,40 @@ class LlamaCppLM(CausalLM):
 
     def __init__(self, path: str | os.PathLike, tokenizer=None, context: int = DEFAULT_CONTEXT, max_rows: int = 8,
                  threads: int | None = None, device: str = "cpu", repack: bool = False, flash_attention: bool = True,
-                 shared_cache: bool = False, kv_cache_type: KVCacheType = KVCacheType.F16):
+                 shared_cache: bool = False, kv_cache_type: KVCacheType | None = None,
+                 kernels: Kernels | str = Kernels.EXACT):
+        self.kernels = Kernels.parse(kernels)
+        exact = self.kernels is Kernels.EXACT
+        kv_cache_type = KVCacheType(kv_cache_type if kv_cache_type is not None
+                                    else KVCacheType.BF16 if exact else KVCacheType.F16)
+        if exact and repack:
+            raise ConfigError("exact kernels keep the weights as the file lays them out: repacking needs "
+                              "kernels='fast'")
+        if exact and not flash_attention:
+            raise ConfigError("exact kernels need flash attention (without it llama.cpp multiplies the attention "
+                              "matrices with kernels that depend on the batch): use kernels='fast'")
+        if exact and kv_cache_type is not KVCacheType.BF16:
+            raise ConfigError(f"exact kernels need a bf16 KV cache (with {kv_cache_type.name.lower()} a lone "
+                              "query past 512 cells splits its attention across threads): use kernels='fast'")
         llama_cpp = _import_llama_cpp()
+        tiling_off = _tiled_kernels_off(exact)  # before any decode of this process: llama.cpp reads it once
+        if exact and not tiling_off:
+            warnings.warn("llama.cpp's tiled kernels were left on by an earlier model in this process (or by "
+                          "GGML_CPU_TILED_MM): this model's logits depend on the batch (batch_invariant is False)",
+                          RuntimeWarning, stacklevel=2)
         _quiet_backend(llama_cpp)
         path = Path(path)
         if not path.is_file():
             raise InputFileError(f"no GGUF model at {path}")
         check_complete(path)  # a cut-short file named as such, not by llama.cpp's failure to load it
+        self._invariant_kernels = (exact and tiling_off and str(device) == "cpu" and not _float_weight_types(path))
         self._llama = llama_cpp
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0 if str(device) == "cpu" else -1
         if not repack:
-            # the weights stay as the file lays them out (llama.cpp's CPU_REPACK buffers unused): a k-token block
-            # then rounds like k one-token steps more often, at about the same cost (the manual's Backends page),
-            # so greedy speculative output leaves plain decoding's less often
+            # the weights stay as the file lays them out (llama.cpp's CPU_REPACK buffers unused): exact kernels
+            # need it (:class:`Kernels`), and fast ones then round a k-token block like k one-token steps more
+            # often, at about the same cost (the manual's Backends page)
             model_params.use_extra_bufts = False
         elif b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
             # llama.cpp's AMX kernels have crashed at the first decode (a segfault in ggml_backend_amx_mul_mat;
@@ -147,7 +240,7 @@ class LlamaCppLM(CausalLM):
             raise ConfigError(f"max_rows must be below {LLAMA_MAX_SEQUENCES} (llama.cpp's sequences), got {max_rows}")
         self._threads = threads or len(os.sched_getaffinity(0))
         self._flash_attention = flash_attention
-        self.kv_cache_type = KVCacheType(kv_cache_type)
+        self.kv_cache_type = kv_cache_type
         self._context = self._batch = None
         self._make_context(shared_cache)
         described = ctypes.create_string_buffer(256)
@@ -189,6 +282,9 @@ class LlamaCppLM(CausalLM):
         # 6e-4 on the float32 test model), so a shared cache runs without it; with a stream per row the cells a
         # row reads are its own, in its order (tests/test_llamacpp.py::test_rows_join_and_leave_with_their_own_caches)
         self.flash_attention = self._flash_attention and not shared
+        #: a position's logits do not depend on the block or batch that computes them (the class docstring says
+        #: when: exact kernels, quantised weights, a cache stream per row)
+        self.batch_invariant = self._invariant_kernels and self.flash_attention
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attention
                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self._context = llama_cpp.llama_init_from_model(self._model, params)

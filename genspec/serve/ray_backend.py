@@ -250,7 +250,7 @@ def app_builder(args: dict):
     args = {key: str(value) for key, value in (args or {}).items()}
     limits = {"max_prompt_tokens", "max_tokens", "max_n", "max_stop_strings", "max_stop_length",
               "max_streams_per_key", "requests_per_minute", "tokens_per_minute"}
-    known = {"model", "drafter", "replicas", "min_replicas", "max_replicas", "max_batch_size", "max_queue",
+    known = {"model", "kernels", "drafter", "replicas", "min_replicas", "max_replicas", "max_batch_size", "max_queue",
              "grace_period", "served_model_name", "cores", "measure_costs", "max_body_bytes", "metrics_public",
              "allowed_origins", "insecure_no_api_key", *limits}
     unknown = sorted(set(args) - known)
@@ -265,7 +265,7 @@ def app_builder(args: dict):
         allowed_origins=tuple(o.strip() for o in args.get("allowed_origins", "").split(",") if o.strip()),
         **{name: int(args[name]) for name in limits if name in args})
     replicas = None if args.get("replicas", "1") == "auto" else int(args.get("replicas", "1"))
-    kinds = {"model": str, "drafter": str, "max_batch_size": int, "max_queue": int, "max_body_bytes": int,
+    kinds = {"model": str, "kernels": str, "drafter": str, "max_batch_size": int, "max_queue": int, "max_body_bytes": int,
              "grace_period": float}
     given = {("grace_s" if name == "grace_period" else name): kind(args[name]) for name, kind in kinds.items()
              if name in args}

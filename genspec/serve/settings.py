@@ -11,6 +11,7 @@ from pathlib import Path
 
 from genspec.api import check_drafters
 from genspec.errors import ConfigError
+from genspec.models.llamacpp import Kernels
 from genspec.serve.security import ServeSecurity
 
 #: request bodies larger than this are refused (413) unless the server is told otherwise: 2 MiB holds a
@@ -27,7 +28,8 @@ class ServerSettings:
     """A server's settings; the defaults are ``genspec serve``'s, and an error names its option.
 
     The engine: ``model`` (a directory or .gguf file; None: the embedded model) run by ``model_backend``
-    (auto, torch or llamacpp), its default ``drafter`` with ``drafter_options``, ``extra_drafters`` a
+    (auto, torch or llamacpp) with ``kernels`` (a llamacpp model's: :class:`~genspec.models.llamacpp.Kernels`), its
+    default ``drafter`` with ``drafter_options``, ``extra_drafters`` a
     request may choose ({name: options}), ``draft_model``, ``dtype``, ``max_batch_size`` requests decoded
     together, and ``measure_costs``: measure the verify costs by batch size at start.
 
@@ -39,6 +41,7 @@ class ServerSettings:
 
     model: str | None = None
     model_backend: str = "auto"
+    kernels: Kernels = Kernels.EXACT
     drafter: str = "prompt-lookup"
     drafter_options: dict = field(default_factory=dict)
     extra_drafters: dict[str, dict] = field(default_factory=dict)
@@ -58,6 +61,7 @@ class ServerSettings:
             raise ConfigError("--max-batch-size must be >= 1, --max-queue and --grace-period >= 0")
         if self.max_body_bytes < 1:
             raise ConfigError(f"--max-body-bytes must be >= 1, got {self.max_body_bytes}")
+        object.__setattr__(self, "kernels", Kernels.parse(self.kernels))  # a config file's string
         if self.chat_max_tokens < 1:
             raise ConfigError(f"chat_max_tokens must be >= 1, got {self.chat_max_tokens}")
         # the drafters and their options as genspec.load will build them: refused here, before a replica starts

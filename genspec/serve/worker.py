@@ -40,7 +40,7 @@ def load_engine(settings: ServerSettings, progress: Callable[[str], None] | None
     engine = genspec.load(settings.model, drafter=settings.drafter, draft_model=settings.draft_model,
                           dtype=settings.dtype, extra_drafters=settings.extra_drafters,
                           max_batch_size=settings.max_batch_size, backend=settings.model_backend,
-                          measure_costs=False, **settings.drafter_options)
+                          kernels=settings.kernels, measure_costs=False, **settings.drafter_options)
     if settings.measure_costs:
         most = settings.max_batch_size
         batches = sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1)))
