@@ -88,8 +88,8 @@ def test_a_file_that_is_not_gguf_is_called_so(tmp_path, capsys):
 def test_a_gguf_file_is_known_by_its_bytes_or_any_case_of_its_extension(tiny_gguf, tmp_path, tiny_model_dir,
                                                                         capsys):
     """``Model.GGUF`` and a GGUF file named ``weights.bin`` run on the llamacpp backend (the CLI generates
-    from both); a missing ``Model.GGUF`` is a missing GGUF model; transformers and the draft-model drafter
-    refuse a GGUF file as one, not as a directory without config.json."""
+    from both); a missing ``Model.GGUF`` is a missing GGUF model; transformers refuses a GGUF file as one, not as
+    a directory without config.json; the draft-model drafter takes a GGUF file and refuses a file that is none."""
     path, _ = tiny_gguf
     upper, unnamed = tmp_path / "Model.GGUF", tmp_path / "weights.bin"
     shutil.copy(path, upper)
@@ -104,11 +104,14 @@ def test_a_gguf_file_is_known_by_its_bytes_or_any_case_of_its_extension(tiny_ggu
         assert len(json.loads(capsys.readouterr().out)["samples"][0]["token_ids"]) == 4
         with pytest.raises(InputFileError, match="is a GGUF file"):
             HFCausalLM.from_pretrained(gguf_path)
-        with pytest.raises(InputFileError, match="draft model .* is a GGUF file"):
-            check_drafter("draft-model", {"draft_model": str(gguf_path)})
-        err = _one_line(capsys, ["generate", "--model", str(tiny_model_dir), "--drafter", "draft-model",
-                                 "--draft-model", str(gguf_path), "--prompt", "a"])
-        assert "is a GGUF file" in err
+        check_drafter("draft-model", {"draft_model": str(gguf_path)})  # a GGUF draft model runs on llama.cpp
+    not_a_model = tmp_path / "notes.txt"
+    not_a_model.write_text("not a model")
+    with pytest.raises(InputFileError, match="neither a GGUF file nor a model directory"):
+        check_drafter("draft-model", {"draft_model": str(not_a_model)})
+    err = _one_line(capsys, ["generate", "--model", str(tiny_model_dir), "--drafter", "draft-model",
+                             "--draft-model", str(not_a_model), "--prompt", "a"])
+    assert "neither a GGUF file nor a model directory" in err
     assert not is_gguf(tiny_model_dir) and resolve_backend(str(tiny_model_dir)) is Backend.TORCH
     assert "no GGUF model" in _one_line(capsys, ["generate", "--model", str(tmp_path / "Missing.GGUF"),
                                                  "--prompt", "a"])

@@ -142,8 +142,8 @@ def resolve_settings(args) -> dict:
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     check_draft_model(args.draft_model)
-    if args.draft_model is not None and not Path(args.draft_model).is_dir():
-        raise InputFileError(f"no draft model at {args.draft_model}: expected a directory")
+    if args.draft_model is not None and not Path(args.draft_model).exists():
+        raise InputFileError(f"no draft model at {args.draft_model}: expected a model directory or a GGUF file")
 
     backend = resolve_backend(args.model, args.backend, args.dtype).value
     methods_text = args.methods if args.methods is not None else (

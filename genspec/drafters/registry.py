@@ -43,7 +43,7 @@ class AnyDraftModel(DraftModelDrafter):
             return DistilledDrafter.for_target(target, str(draft_model), num_drafts, confidence_threshold)
         DRAFT_MODEL.check(draft_model, f"drafter {cls.name!r}")
         if not isinstance(draft_model, CausalLM):
-            draft_model = HFCausalLM.from_pretrained(draft_model)
+            draft_model = load_draft_model(draft_model, target)
         if same_tokenizer(target, draft_model):
             return DraftModelDrafter.for_target(target, draft_model, num_drafts, confidence_threshold)
         for option, value, default in (("num_drafts", num_drafts, 1), ("confidence_threshold", confidence_threshold, 0.0)):
@@ -124,11 +124,26 @@ DRAFTERS: dict[str, type[Drafter] | None] = {
 
 
 def check_draft_model(path: str | os.PathLike | None) -> None:
-    """Refuse, before anything loads, a draft model that is a GGUF file (by its magic bytes or extension,
-    :func:`genspec.models.gguf_file.is_gguf`): draft models run on transformers, which loads a model directory."""
-    if isinstance(path, (str, os.PathLike)) and Path(path).is_file() and gguf_file.is_gguf(path):
-        raise InputFileError(f"the draft model {path} is a GGUF file: a draft model is a Hugging Face model "
-                             "directory (config.json and weights)")
+    """Refuse, before anything loads, a draft model path that is a file but not a GGUF model (by its magic bytes
+    or extension, :func:`genspec.models.gguf_file.is_gguf`): a draft model is a model directory or a GGUF file."""
+    if isinstance(path, (str, os.PathLike)) and Path(path).is_file() and not gguf_file.is_gguf(path):
+        raise InputFileError(f"the draft model {path} is neither a GGUF file nor a model directory (config.json "
+                             "and weights)")
+
+
+#: rows a GGUF draft model holds when its target does not bound them (a torch target)
+DRAFT_ROWS = 16
+
+
+def load_draft_model(path: str | os.PathLike, target: CausalLM) -> CausalLM:
+    """The draft model at ``path``: a GGUF file on llama.cpp (fast kernels: a draft's rounding changes what is
+    drafted, never what is kept; as many rows as the target holds), else a model directory on transformers."""
+    check_draft_model(path)
+    if gguf_file.is_gguf(path):
+        from genspec.models.llamacpp import Kernels, LlamaCppLM
+
+        return LlamaCppLM.from_gguf(path, max_rows=target.max_rows or DRAFT_ROWS, kernels=Kernels.FAST)
+    return HFCausalLM.from_pretrained(path)
 
 
 def check_drafter(name: str, options: Mapping[str, object] | None = None) -> None:

@@ -1,0 +1,90 @@
+"""A GGUF draft model (``--drafter draft-model --draft-model small.gguf``) drafting for a llama.cpp target, both
+written in the test with the target's vocabulary: greedy output equal to plain output (batch 1 and 4, one chain
+and two drafts as a tree), a chi-square test of sampled outputs against the exact law, and the command line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from stats_helpers import chi_square_pvalue  # noqa: E402
+from test_llamacpp import _exact_joint  # noqa: E402
+from tiny_gguf import write_tiny_gguf  # noqa: E402
+
+import genspec  # noqa: E402
+from genspec.cli import main  # noqa: E402
+from genspec.drafters.draft_model import DraftModelDrafter  # noqa: E402
+from genspec.engine import SpeculativeEngine  # noqa: E402
+from genspec.models.llamacpp import Kernels, LlamaCppLM  # noqa: E402
+from genspec.sampling import SamplingConfig, process_logits  # noqa: E402
+
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [10, 11, 12], [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4], [20, 21, 20, 21, 20]]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(target path, draft path, tokenizer): a Q8_0 target and its Q4_0 copy as the draft, whose drafts are mostly
+    right."""
+    folder = tmp_path_factory.mktemp("draft")
+    target, draft = folder / "target.gguf", folder / "draft.gguf"
+    _, tokenizer = write_tiny_gguf(target, seed=0, scale=4.0, weight_type="Q8_0")
+    write_tiny_gguf(draft, seed=0, scale=4.0, weight_type="Q4_0")
+    return target, draft, tokenizer
+
+
+@pytest.mark.parametrize("num_drafts", [1, 2])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_gguf_draft_model_gives_plain_greedy_output(pair, batch, num_drafts):
+    """Drafts from the GGUF draft model (its own llama.cpp context, a sequence per row), greedy, batch 1 and 4,
+    a chain or two drafts as a tree: token for token plain decoding's output, with drafts accepted."""
+    target_path, draft_path, _ = pair
+    target = LlamaCppLM.from_gguf(target_path, context=256, max_rows=4)  # its tokenizer read as the draft's is
+    plain = [r.token_ids for r in SpeculativeEngine(target).generate_ids(PROMPTS[:batch], max_new_tokens=24,
+                                                                         eos_token_ids=())]
+    drafter = genspec.build_drafter("draft-model", target, draft_model=str(draft_path), num_drafts=num_drafts)
+    assert type(drafter) is DraftModelDrafter  # the same tokenizer: drafts in the target's ids
+    assert isinstance(drafter.model, LlamaCppLM) and drafter.model.kernels is Kernels.FAST
+    results = SpeculativeEngine(target, drafter).generate_ids(PROMPTS[:batch], max_new_tokens=24, eos_token_ids=(),
+                                                               num_draft_tokens=4, draft_length="fixed")
+    assert [r.token_ids for r in results] == plain
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_a_gguf_draft_model_samples_the_targets_law(tmp_path):
+    """Sampled outputs (T 0.7, top-k 8, top-p 0.9) with a GGUF draft model follow the exact law of the GGUF target
+    itself: N = 20,000 joint samples of 3 tokens over a 12-token vocabulary, chi-square p > 1e-3."""
+    target_path, draft_path = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    write_tiny_gguf(target_path, seed=0, layers=3, scale=8.0, vocab=12)
+    write_tiny_gguf(draft_path, seed=0, layers=3, scale=8.0, vocab=12, weight_type="Q4_0")
+    target = LlamaCppLM(target_path, None, context=16, max_rows=64, threads=1)  # 313 batches of 20,000
+    sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
+    prompt = [6, 4, 6, 7, 6, 9, 6]
+    exact = _exact_joint(target, prompt, 3, lambda logits: process_logits(logits, sampling))
+    drafter = genspec.build_drafter("draft-model", target, draft_model=str(draft_path))
+    results = SpeculativeEngine(target, drafter).generate_ids(
+        [prompt] * 20_000, max_new_tokens=3, num_draft_tokens=3, temperature=0.7, top_k=8, top_p=0.9, seed=5,
+        eos_token_ids=(), draft_length="fixed")
+    counts = torch.zeros([12] * 3)
+    for r in results:
+        counts[tuple(r.token_ids)] += 1
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    assert 0.02 < accepted / drafted < 0.98
+    assert chi_square_pvalue(counts.numpy(), exact.numpy()) > 1e-3
+
+
+def test_generate_with_a_gguf_draft_model(pair, capsys):
+    """``genspec generate --model target.gguf --drafter draft-model --draft-model draft.gguf --json``: the text of
+    plain decoding, with drafted tokens in its statistics."""
+    target_path, draft_path, _ = pair
+    common = ["generate", "--model", str(target_path), "--prompt", "abcabcabc", "--max-new-tokens", "12", "--json"]
+    assert main([*common, "--drafter", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    # a fixed draft length: the draft is the target's own size here, so the cost policy would rightly not draft
+    assert main([*common, "--drafter", "draft-model", "--draft-model", str(draft_path), "--draft-length", "fixed"]) == 0
+    drafted = json.loads(capsys.readouterr().out)
+    assert drafted["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
+    assert drafted["stats"]["drafted_tokens"] > 0
