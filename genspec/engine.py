@@ -87,7 +87,9 @@ class SpeculativeEngine:
         # the engine, each request's steps reach its own reader (a paused stream misses nothing)
         self._inboxes: dict[int, list[tuple[RequestStep, Exception | None]]] = {}
         self._ids = itertools.count()
-        self.target.reserve_candidates(max((d.capabilities.max_candidates for d in self.drafters.values()), default=1))
+        # the most candidate chains per row the target verifies: each draft's first ones
+        self.max_candidates = self.target.reserve_candidates(
+            max((d.capabilities.max_candidates for d in self.drafters.values()), default=1))
         self.target.reset(0)
 
     # ------------------------------------------------------------------ the step API
@@ -326,7 +328,7 @@ class SpeculativeEngine:
     def _draft_planned(self, group: Group, planned: list[int], record: StepRecord) -> Draft:
         """The group's draft of the planned lengths: its free proposals cut to them, and its costly rows drafted
         (if any drafts), their time measured."""
-        offer, draft = group.offer, group.offer.proposal.clipped(planned)
+        offer, draft = group.offer, group.offer.proposal.clipped(planned).first_chains(self.max_candidates)
         costly = [i for i, c in enumerate(offer.costly) if c]
         if not any(planned[i] for i in costly):
             return draft
@@ -337,6 +339,7 @@ class SpeculativeEngine:
         self.draft_costs[requests[0].drafter_name].observe(max(planned[i] for i in costly), seconds - reading, reading)
         record.draft_model_time_s += seconds
         record.draft_time_s += seconds
+        drafted = drafted.first_chains(self.max_candidates)
         if len(costly) == offer.batch:
             return drafted
         at = {i: j for j, i in enumerate(costly)}

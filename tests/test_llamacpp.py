@@ -221,18 +221,21 @@ def shared_target(tiny_gguf):
 
 
 def test_trees_need_the_shared_cache(tiny_gguf):
-    """A model with a cache stream per row (the default) refuses a token tree in one line; reserving room for
-    several candidates makes its cache a shared one, which takes it; one candidate leaves it as it is."""
+    """A model with a cache stream per row (the default) refuses a token tree in one line; with fast kernels,
+    reserving room for several candidates makes its cache a shared one, which takes it, and grants them all; one
+    candidate leaves it as it is; exact kernels grant one candidate and keep a stream per row."""
     path, _, tokenizer = tiny_gguf
-    model = LlamaCppLM(path, tokenizer, context=256, max_rows=2, threads=1)
+    exact = LlamaCppLM(path, tokenizer, context=256, max_rows=2, threads=1)
+    assert exact.reserve_candidates(3) == 1 and not exact.shared_cache
+    model = LlamaCppLM(path, tokenizer, context=256, max_rows=2, threads=1, kernels="fast")
     assert not model.shared_cache
     mask = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)
     model.add_rows([[3, 4, 5]])
     with pytest.raises(ConfigError, match="shared_cache=True"):
         model.forward(torch.tensor([[20, 21, 22]]), tree_mask=mask)
-    model.reserve_candidates(1)
+    assert model.reserve_candidates(1) == 1
     assert not model.shared_cache
-    model.reserve_candidates(3)
+    assert model.reserve_candidates(3) == 3
     assert model.shared_cache and model.lengths.tolist() == []
     model.add_rows([[3, 4, 5]])
     assert model.forward(torch.tensor([[20, 21, 22]]), tree_mask=mask).shape == (1, 3, model.vocab_size)
@@ -325,7 +328,8 @@ def test_sampled_speculation_is_lossless_on_llamacpp(tmp_path, drafter_name):
 
     path = tmp_path / "small.gguf"
     write_tiny_gguf(path, seed=0, layers=3, scale=8.0, vocab=12)
-    lm = LlamaCppLM(path, None, context=16, max_rows=64, threads=1)  # 64 rows: 313 batches of 20,000
+    # fast kernels: their shared cache verifies the tree (exact kernels verify its first chain only)
+    lm = LlamaCppLM(path, None, context=16, max_rows=64, threads=1, kernels="fast")  # 64 rows: 313 batches
     sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
     prompt = [6, 4, 6, 7, 6, 9, 6]
     exact = _exact_joint(lm, prompt, 3, lambda logits: process_logits(logits, sampling))
@@ -362,7 +366,7 @@ def test_what_the_backend_cannot_do_is_refused(tiny_gguf, target, tmp_path):
         LlamaCppLM(tmp_path / "bad.gguf")
     with pytest.raises(ConfigError, match="hidden states"):
         target.add_rows([[3]], return_hidden=True)
-    for name in ("early-exit", "quantized", "head"):
+    for name in ("early-exit", "head"):  # quantized and layer-skip make GGUF copies (test_llamacpp_draft_model.py)
         with pytest.raises(ConfigError, match="torch"):
             genspec.build_drafter(name, target)
     with pytest.raises(ConfigError, match="torch"):  # before the plan is read

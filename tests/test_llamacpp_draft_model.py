@@ -35,20 +35,24 @@ def pair(tmp_path_factory):
     return target, draft, tokenizer
 
 
-@pytest.mark.parametrize("num_drafts", [1, 2])
+@pytest.mark.parametrize("num_drafts, kernels", [(1, "exact"), (2, "exact"), (2, "fast")])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_a_gguf_draft_model_gives_plain_greedy_output(pair, batch, num_drafts):
+def test_a_gguf_draft_model_gives_plain_greedy_output(pair, batch, num_drafts, kernels):
     """Drafts from the GGUF draft model (its own llama.cpp context, a sequence per row), greedy, batch 1 and 4,
-    a chain or two drafts as a tree: token for token plain decoding's output, with drafts accepted."""
+    a chain, or two drafts (a tree on fast kernels; exact ones verify the first): token for token plain
+    decoding's output, with drafts accepted."""
     target_path, draft_path, _ = pair
-    target = LlamaCppLM.from_gguf(target_path, context=256, max_rows=4)  # its tokenizer read as the draft's is
+    # its tokenizer read from the file, as the draft's is
+    target = LlamaCppLM.from_gguf(target_path, context=256, max_rows=4, kernels=kernels)
     plain = [r.token_ids for r in SpeculativeEngine(target).generate_ids(PROMPTS[:batch], max_new_tokens=24,
                                                                          eos_token_ids=())]
     drafter = genspec.build_drafter("draft-model", target, draft_model=str(draft_path), num_drafts=num_drafts)
     assert type(drafter) is DraftModelDrafter  # the same tokenizer: drafts in the target's ids
     assert isinstance(drafter.model, LlamaCppLM) and drafter.model.kernels is Kernels.FAST
-    results = SpeculativeEngine(target, drafter).generate_ids(PROMPTS[:batch], max_new_tokens=24, eos_token_ids=(),
-                                                               num_draft_tokens=4, draft_length="fixed")
+    engine = SpeculativeEngine(target, drafter)
+    assert engine.max_candidates == (num_drafts if kernels == "fast" else 1)
+    results = engine.generate_ids(PROMPTS[:batch], max_new_tokens=24, eos_token_ids=(), num_draft_tokens=4,
+                                  draft_length="fixed")
     assert [r.token_ids for r in results] == plain
     assert sum(r.stats.accepted_tokens for r in results) > 0
 

@@ -91,10 +91,10 @@ def test_which_models_are_batch_invariant(q8_gguf, tmp_path):
     path, tokenizer = q8_gguf
     assert not LlamaCppLM(path, tokenizer, context=64, max_rows=1, kernels="fast").batch_invariant
     assert not LlamaCppLM(path, tokenizer, context=64, max_rows=1, shared_cache=True).batch_invariant
-    trees = LlamaCppLM(path, tokenizer, context=64, max_rows=1)
-    assert trees.batch_invariant
-    trees.reserve_candidates(3)  # token trees: the shared cache
-    assert not trees.batch_invariant
+    chains = LlamaCppLM(path, tokenizer, context=64, max_rows=1)
+    assert chains.batch_invariant
+    assert chains.reserve_candidates(3) == 1  # exact kernels verify chains: no shared cache
+    assert chains.batch_invariant and not chains.shared_cache
     float_path = tmp_path / "tiny-f16.gguf"
     write_tiny_gguf(float_path, seed=0, weight_type="F16")
     assert not LlamaCppLM(float_path, tokenizer, context=64, max_rows=1).batch_invariant
@@ -159,16 +159,12 @@ def exact_plain(exact, long_prompts):
                                                                        eos_token_ids=())]
 
 
-#: the model-free drafters that draft chains: token trees need the shared KV cache, which runs attention without
-#: flash attention (not batch invariant: test_which_models_are_batch_invariant)
-CHAIN_DRAFTERS = [name for name in DRAFTER_NAMES if not name.endswith("-tree")]
-
-
 @pytest.mark.parametrize("batch", [1, 4])
-@pytest.mark.parametrize("name", CHAIN_DRAFTERS)
+@pytest.mark.parametrize("name", DRAFTER_NAMES)
 def test_greedy_speculation_equals_plain_on_exact_kernels(exact, long_prompts, exact_plain, name, batch):
-    """Every model-free drafter drafting chains, batch 1 and 4, past 512 cached tokens on Q8_0 weights: token for
-    token plain greedy output, with drafts used (some tokens accepted)."""
+    """Every model-free drafter, batch 1 and 4, past 512 cached tokens on Q8_0 weights: token for token plain
+    greedy output, with drafts used (some tokens accepted); a tree drafter's first chain is verified (exact
+    kernels keep a cache stream per row), and the model stays batch invariant."""
     drafter = model_free_drafters(exact_plain)[name](batch)
     options = ([{"source": p + o} for p, o in zip(long_prompts[:batch], exact_plain[:batch])]
                if name in PER_REQUEST_SOURCE else None)
@@ -178,6 +174,7 @@ def test_greedy_speculation_equals_plain_on_exact_kernels(exact, long_prompts, e
     assert [tokens for tokens, _ in results] == exact_plain[:batch]
     if name != "edit-prompt-source":
         assert sum(step.stats.accepted_tokens for _, step in results) > 0
+    assert engine.max_candidates == 1 and exact.batch_invariant
 
 
 @pytest.mark.parametrize("draft_length", ["fixed", "heuristic"])

@@ -309,6 +309,14 @@ class Draft:
         prefix = self.prefix if torch.equal(lengths, self.lengths) else None
         return Draft(self.tokens[:, :, :width], lengths, probs, self.evidence, prefix)
 
+    def first_chains(self, count: int) -> "Draft":
+        """The draft with each row's first ``count`` candidate chains only (itself when it has no more): each
+        chain is a candidate on its own, so verifying fewer of them stays lossless."""
+        if self.num_chains <= count:
+            return self
+        probs = None if self.probs is None else self.probs[:, :count]
+        return Draft(self.tokens[:, :count], self.lengths[:, :count], probs, self.evidence, None)
+
     def drafted_tokens(self) -> list[int]:
         """Per row: draft tokens sent to the target (tree nodes: shared prefixes counted once)."""
         if self.num_chains == 1:

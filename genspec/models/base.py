@@ -160,10 +160,13 @@ class CausalLM(ABC):
         (:func:`padded`)."""
         return padded(widths)
 
-    def reserve_candidates(self, max_candidates: int) -> None:
-        """Blocks of up to ``max_candidates`` candidate chains per row (token trees when above 1) will come;
+    def reserve_candidates(self, max_candidates: int) -> int:
+        """Blocks of up to ``max_candidates`` candidate chains per row (token trees when above 1) may come;
         called before any row is added (the engine does so for its drafters), so a backend whose cache layout
-        depends on it can set it up, dropping any rows it holds. Default: nothing (the backend takes any tree)."""
+        depends on it can set it up, dropping any rows it holds. Returns the most chains per row it will verify
+        (the engine verifies each draft's first ones: a backend whose trees would lose what it guarantees takes
+        chains only). Default: ``max_candidates`` (the backend takes any tree)."""
+        return max_candidates
 
     def forward_transient(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                           tree_mask: torch.Tensor | None = None, last_only: bool = False,

@@ -305,12 +305,18 @@ class LlamaCppLM(CausalLM):
             return [(len(widths), -(-sum(widths) // len(widths)))] if widths else []
         return equal_split(widths, self._sequences if len(widths) == len(self._sequences) else None)
 
-    def reserve_candidates(self, max_candidates: int) -> None:
-        """Token trees of up to ``max_candidates`` chains will come: a context with a stream per row is made again
-        as a shared one, which trees need (the rows it held are dropped, as by ``reset(0)``)."""
+    def reserve_candidates(self, max_candidates: int) -> int:
+        """Token trees of up to ``max_candidates`` chains may come. With fast kernels a context with a stream per
+        row is made again as a shared one, which trees need (the rows it held are dropped, as by ``reset(0)``),
+        and every chain is verified. Exact kernels verify chains only (1): in the shared cache llama.cpp puts new
+        tokens in the first free cells, so a row's cells leave position order after a rejection and attention
+        sums them in another order, and the shared cache runs attention without flash attention."""
+        if self.kernels is Kernels.EXACT:
+            return 1
         if max_candidates > 1 and not self.shared_cache:
             self._make_context(shared=True)
             self.reset(0)
+        return max_candidates
 
     def __del__(self):
         llama_cpp = getattr(self, "_llama", None)
