@@ -2,12 +2,13 @@
 
 ``--tiled`` sets ``GGML_CPU_TILED_MM`` (off) or ``GGML_CPU_TILED_MM_FORCE`` (force) in this process's
 environment: llama.cpp reads it once, at the first matrix product, so :func:`apply` runs before any model
-loads. ``--kv-type`` is the model's :class:`~genspec.models.llamacpp.KVCacheType`.
+loads. ``--kv-type`` is the model's :class:`~genspec.models.llamacpp.KVCacheType`. The model is built with
+fast kernels (``Kernels.FAST``), which leave each setting as given: the exact ones are these settings together.
 """
 import argparse
 import os
 
-from genspec.models.llamacpp import KVCacheType
+from genspec.models.llamacpp import Kernels, KVCacheType
 
 _TILED = {"off": ("GGML_CPU_TILED_MM", "0"), "force": ("GGML_CPU_TILED_MM_FORCE", "1")}
 
@@ -23,4 +24,5 @@ def apply(args) -> dict:
     if args.tiled in _TILED:
         name, value = _TILED[args.tiled]
         os.environ[name] = value
-    return {"flash_attention": bool(args.fa), "kv_cache_type": KVCacheType[args.kv_type.upper()]}
+    return {"flash_attention": bool(args.fa), "kv_cache_type": KVCacheType[args.kv_type.upper()],
+            "kernels": Kernels.FAST}

@@ -69,7 +69,8 @@ def start_server(flags: tuple[str, ...], port: int, args) -> subprocess.Popen:
                    "--verbose", "False"]
     else:
         command = [sys.executable, "-m", "genspec", "serve", "--host", "127.0.0.1", "--port", str(port),
-                   "--max-batch-size", str(args.max_batch_size), "--max-queue", "256", *flags]
+                   "--max-batch-size", str(args.max_batch_size), "--max-queue", "256", "--kernels", args.kernels,
+                   *flags]
         if args.model:
             command += ["--model", args.model]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -307,6 +308,8 @@ def main() -> None:
                         help="requests per concurrency level, setup and mode: one number, or one per level")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-batch-size", type=int, default=16)
+    parser.add_argument("--kernels", choices=["exact", "fast"], default="exact",
+                        help="genspec serve's --kernels (a llamacpp model's: exact, the default, or fast)")
     parser.add_argument("--versus-llamacpp-server", action="store_true",
                         help="--backend local: also measure llama-cpp-python's own OpenAI server on the same GGUF "
                              "(needs the llamacpp-server extra)")
