@@ -1,6 +1,8 @@
 """A GGUF draft model (``--drafter draft-model --draft-model small.gguf``) drafting for a llama.cpp target, both
 written in the test with the target's vocabulary: greedy output equal to plain output (batch 1 and 4, one chain
-and two drafts as a tree), a chi-square test of sampled outputs against the exact law, and the command line."""
+and two drafts as a tree), a chi-square test of sampled outputs against the exact law, and the command line.
+Self-drafts as GGUF copies that llama.cpp's quantiser writes (``quantized``: fewer bits; ``layer-skip``: layers
+left out): what the copy holds, greedy equality at batch 1 and 4, and the sampled law."""
 from __future__ import annotations
 
 import json
@@ -92,3 +94,59 @@ def test_generate_with_a_gguf_draft_model(pair, capsys):
     drafted = json.loads(capsys.readouterr().out)
     assert drafted["samples"][0]["token_ids"] == plain["samples"][0]["token_ids"]
     assert drafted["stats"]["drafted_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """(path, tokenizer) of a 3-layer float32 tiny GGUF 256 wide, whose rows the K-quants can hold."""
+    path = tmp_path_factory.mktemp("self") / "wide.gguf"
+    _, tokenizer = write_tiny_gguf(path, seed=0, layers=3, hidden=256, scale=4.0)
+    return path, tokenizer
+
+
+@pytest.mark.parametrize("name, options, weight_types, layers", [
+    ("quantized", {}, {"Q2_K", "Q3_K", "Q6_K"}, 3),  # Q2_K: llama.cpp keeps a few tensors in more bits
+    ("quantized", {"gguf_type": "Q4_0"}, {"Q4_0", "Q6_K"}, 3),
+    ("layer-skip", {"skip": [1]}, {"F32"}, 2),
+])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_gguf_self_draft_gives_plain_greedy_output(wide, tmp_path, monkeypatch, name, options, weight_types,
+                                                     layers, batch):
+    """``quantized`` and ``layer-skip`` on a llama.cpp target draft with a GGUF copy llama.cpp's quantiser writes
+    into the cache (its matrices in fewer bits, or fewer layers): greedy output is plain decoding's, batch 1 and
+    4, with drafts accepted; the copy is made once."""
+    import gguf
+
+    monkeypatch.setenv("GENSPEC_CACHE", str(tmp_path))
+    path, tokenizer = wide
+    target = LlamaCppLM(path, tokenizer, context=256, max_rows=4)
+    drafter = genspec.build_drafter(name, target, **options)
+    copy = drafter.model.path
+    assert copy.parent == tmp_path / "derived" and drafter.model.num_layers == layers
+    kinds = {gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(copy).tensors if len(t.shape) >= 2}
+    assert kinds == weight_types
+    assert genspec.build_drafter(name, target, **options).model.path == copy  # cached
+    plain = [r.token_ids for r in SpeculativeEngine(target).generate_ids(PROMPTS[:batch], max_new_tokens=24,
+                                                                         eos_token_ids=())]
+    results = SpeculativeEngine(target, drafter).generate_ids(PROMPTS[:batch], max_new_tokens=24, eos_token_ids=(),
+                                                               num_draft_tokens=4, draft_length="fixed")
+    assert [r.token_ids for r in results] == plain
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_gguf_self_drafts_refuse_what_they_cannot_do(wide):
+    """On a llama.cpp target: a draft vocabulary file, an unknown GGUF type, layer indices outside the model, and
+    the self-drafts that reuse the target's layers as a torch model, each in one line."""
+    from genspec.errors import ConfigError
+
+    path, tokenizer = wide
+    target = LlamaCppLM(path, tokenizer, context=64, max_rows=1)
+    cases = [("quantized", {"draft_vocab_file": "ids.json"}, "draft_vocab_file needs the torch backend"),
+             ("quantized", {"gguf_type": "Q1_X"}, "gguf_type"),
+             ("layer-skip", {"skip": [0, 1, 2]}, "keeping at least one"),
+             ("layer-skip", {"skip": [7]}, "indices of the target's layers"),
+             ("early-exit", {}, "torch")]
+    for name, options, words in cases:
+        with pytest.raises(ConfigError, match=words) as error:
+            genspec.build_drafter(name, target, **options)
+        assert "\n" not in str(error.value)

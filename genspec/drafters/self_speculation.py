@@ -2,8 +2,8 @@
 
 - ``early-exit``: the target's first L layers + its final norm and head (weights shared); its verify
   pass reuses the layers the draft computed (LayerSkip-style KV reuse, see :mod:`genspec.models.variants`).
-- ``layer-skip``: the target with some layers skipped (weights shared).
-- ``quantized``: an int8 (dynamic quantisation) copy of the target.
+- ``layer-skip``: the target with some layers skipped (weights shared; on llama.cpp a GGUF copy without them).
+- ``quantized``: an int8 (dynamic quantisation) copy of the target (on llama.cpp a GGUF copy in fewer bits).
 - ``pruned``: the target structurally pruned by a plan of ``genspec calibrate prune`` (fewer heads, MLP
   channels and/or layers; what it keeps whole is shared).
 
@@ -21,6 +21,7 @@ from genspec.drafters.draft_model import CONFIDENCE_THRESHOLD, NUM_DRAFTS, Draft
 from genspec.errors import ConfigError, InputFileError
 from genspec.models import variants
 from genspec.models.hf import HFCausalLM
+from genspec.models.llamacpp import GGUFType, Kernels, LlamaCppLM, derived_gguf
 from genspec.speculators.store import target_fingerprint
 
 
@@ -76,6 +77,14 @@ class _SelfDrafter(DraftModelDrafter):
     @classmethod
     def for_target(cls, target, draft_vocab_file: str | None = None, confidence_threshold: float = 0.0,
                    num_drafts: int = 1, reuse_layers: bool = True, **variant_options) -> "_SelfDrafter":
+        if isinstance(target, LlamaCppLM):
+            if draft_vocab_file is not None:
+                raise ConfigError(f"drafter {cls.name!r} option draft_vocab_file needs the torch backend "
+                                  "(--backend torch): a GGUF copy keeps the target's vocabulary")
+            copy = cls.gguf_variant(target, **variant_options)
+            model = LlamaCppLM.from_gguf(copy, tokenizer=target.tokenizer, max_rows=target.max_rows,
+                                         context=target.max_context, kernels=Kernels.FAST)
+            return cls(model, num_drafts=num_drafts, confidence_threshold=confidence_threshold, reuse_layers=False)
         if not isinstance(target, HFCausalLM):
             raise ConfigError("self-speculation needs a Hugging Face target model on the torch backend (--backend torch): "
                               "it builds its draft from the target's weights")
@@ -85,6 +94,13 @@ class _SelfDrafter(DraftModelDrafter):
     @classmethod
     def variant(cls, target: HFCausalLM, vocab_subset, **options) -> HFCausalLM:
         raise NotImplementedError
+
+    @classmethod
+    def gguf_variant(cls, target: LlamaCppLM, **options) -> Path:
+        """The GGUF file of this drafter's model for a llama.cpp target (:func:`derived_gguf`); a kind that has
+        none is refused for that backend."""
+        raise ConfigError(f"drafter {cls.name!r} on the llamacpp backend: it builds its draft from the target's "
+                          "layers as a torch model (--backend torch); quantized and layer-skip have GGUF copies")
 
 
 class EarlyExitDrafter(_SelfDrafter):
@@ -110,25 +126,48 @@ class LayerSkipDrafter(_SelfDrafter):
     name = "layer-skip"
     options = _SelfDrafter.options + (Option("skip", (list, *PATH, None), 0, item=int),)
 
+    @staticmethod
+    def skipped_layers(num_layers: int, skip: list[int] | str | None) -> list[int]:
+        """The layers ``skip`` names (a list, a calibration file, or None: every other middle layer)."""
+        if skip is None:
+            return list(range(1, num_layers - 1, 2))
+        if isinstance(skip, str):
+            skip = read_calibration(skip, "skip", list)
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in skip):
+                raise InputFileError('calibration file: "skip" must be a list of layer indices')
+        return list(skip)
+
     @classmethod
     def variant(cls, target, vocab_subset, skip: list[int] | str | None = None):
-        if skip is None:
-            skip = list(range(1, target.num_layers - 1, 2))
-        elif isinstance(skip, str):
-            skip = read_calibration(skip, "skip", list)
-            if not all(isinstance(i, int) for i in skip):
-                raise InputFileError('calibration file: "skip" must be a list of layer indices')
-        return variants.layer_skip(target, list(skip), vocab_subset)
+        return variants.layer_skip(target, cls.skipped_layers(target.num_layers, skip), vocab_subset)
+
+    @classmethod
+    def gguf_variant(cls, target, skip: list[int] | str | None = None):
+        skip = cls.skipped_layers(target.num_layers, skip)
+        if any(not 0 <= i < target.num_layers for i in skip) or len(set(skip)) >= target.num_layers:
+            raise ConfigError(f"drafter 'layer-skip' option skip={skip!r}: indices of the target's layers "
+                              f"0..{target.num_layers - 1}, keeping at least one")
+        return derived_gguf(target.path, None, tuple(skip))
 
 
 class QuantizedDrafter(_SelfDrafter):
-    """An int8 dynamic-quantisation copy of the target (every Linear, the head included)."""
+    """A lower-precision copy of the target: on the torch backend int8 dynamic quantisation of every Linear (the
+    head included); on the llamacpp backend the GGUF file requantised by llama.cpp's own quantiser to option
+    ``gguf_type`` (:class:`~genspec.models.llamacpp.GGUFType`, default Q2_K), made once and cached."""
 
     name = "quantized"
+    options = _SelfDrafter.options + (Option("gguf_type", str, choices=tuple(t.value for t in GGUFType)),)
 
     @classmethod
-    def variant(cls, target, vocab_subset):
+    def variant(cls, target, vocab_subset, gguf_type: str | None = None):
+        if gguf_type is not None:
+            raise ConfigError("drafter 'quantized' option gguf_type applies to a GGUF target (the llamacpp "
+                              "backend); on the torch backend the copy is int8")
         return variants.quantized(target, vocab_subset)
+
+    @classmethod
+    def gguf_variant(cls, target, gguf_type: str = GGUFType.Q2_K.value):
+        return derived_gguf(target.path, GGUFType(gguf_type))
 
 
 #: what ``--drafter pruned`` needs, and its refusal without it

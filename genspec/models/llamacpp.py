@@ -601,3 +601,68 @@ def gguf_tokenizer(path: Path):
     except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputFileError(f"cannot read the tokenizer of {path}: {message}") from exc
+
+
+class GGUFType(str, enum.Enum):
+    """The weight types llama.cpp's quantiser writes a draft copy in (:func:`derived_gguf`), by its ``llama_ftype``
+    names: the K-quants from 2 to 6 bits and the simple 4- and 8-bit blocks."""
+
+    Q2_K = "Q2_K"
+    Q3_K_S = "Q3_K_S"
+    Q3_K_M = "Q3_K_M"
+    Q4_0 = "Q4_0"
+    Q4_K_S = "Q4_K_S"
+    Q4_K_M = "Q4_K_M"
+    Q5_K_M = "Q5_K_M"
+    Q6_K = "Q6_K"
+    Q8_0 = "Q8_0"
+
+    def ftype(self, llama_cpp) -> int:
+        return int(getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{self.value}"))
+
+
+def derived_gguf(source: str | os.PathLike, weight_type: GGUFType | str | None = None,
+                 drop_layers: tuple[int, ...] = (), cache: Path | None = None) -> Path:
+    """A copy of the GGUF file ``source`` written by llama.cpp's own quantiser: its matrices requantised to
+    ``weight_type`` (None: copied as they are) and the layers ``drop_layers`` left out (llama.cpp renumbers the
+    rest). Made once and kept in ``cache`` (default: ``$GENSPEC_CACHE/derived``), named by the source's name,
+    size and modification time and by what was asked, so a changed source makes a new copy; written to a
+    temporary name first, so an interrupted run leaves no half file under the final one."""
+    import hashlib
+
+    from genspec.embedded import cache_root
+
+    llama_cpp = _import_llama_cpp()
+    _quiet_backend(llama_cpp)
+    source = Path(source)
+    if not source.is_file():
+        raise InputFileError(f"no GGUF model at {source}")
+    check_complete(source)
+    weight_type = None if weight_type is None else GGUFType(weight_type)
+    layers = tuple(sorted(set(int(i) for i in drop_layers)))
+    status = source.stat()
+    key = hashlib.sha256(repr((str(source.resolve()), status.st_size, status.st_mtime_ns,
+                               weight_type and weight_type.value, layers)).encode()).hexdigest()[:16]
+    folder = Path(cache) if cache is not None else cache_root() / "derived"
+    target = folder / f"{source.stem}-{weight_type.value if weight_type else 'copy'}-{key}.gguf"
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.nthread = len(os.sched_getaffinity(0))
+    params.allow_requantize = True
+    if weight_type is None:
+        params.only_copy = True
+    else:
+        params.ftype = weight_type.ftype(llama_cpp)
+    pruned = (ctypes.c_int32 * (len(layers) + 1))(*layers, -1)
+    if layers:
+        params.prune_layers = ctypes.cast(pruned, ctypes.POINTER(ctypes.c_int32))
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))
+    if status != 0 or not partial.is_file():
+        partial.unlink(missing_ok=True)
+        raise InputFileError(f"llama.cpp could not write a {weight_type.value if weight_type else 'copy'} of "
+                             f"{source}{f' without layers {list(layers)}' if layers else ''} (status {status})")
+    os.replace(partial, target)
+    return target
