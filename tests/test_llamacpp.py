@@ -330,14 +330,21 @@ def test_sampled_speculation_is_lossless_on_llamacpp(tmp_path, drafter_name):
     write_tiny_gguf(path, seed=0, layers=3, scale=8.0, vocab=12)
     # fast kernels: their shared cache verifies the tree (exact kernels verify its first chain only)
     lm = LlamaCppLM(path, None, context=16, max_rows=64, threads=1, kernels="fast")  # 64 rows: 313 batches
+    assert_samples_follow_the_exact_law(lm, PromptLookupDrafter(num_candidates=3 if drafter_name.endswith("tree")
+                                                                else 1))
+
+
+def assert_samples_follow_the_exact_law(lm, drafter, samples: int = 20_000) -> None:
+    """Speculative samples (T 0.7, top-k 8, top-p 0.9) of 3 tokens after a fixed prompt, ``samples`` of them, follow
+    the exact joint law of ``lm`` (a 12-token vocabulary) enumerated: chi-square p > 1e-3, with drafts partly
+    accepted (between 2% and 98% of the drafted tokens)."""
     sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
     prompt = [6, 4, 6, 7, 6, 9, 6]
     exact = _exact_joint(lm, prompt, 3, lambda logits: process_logits(logits, sampling))
-    drafter = PromptLookupDrafter(num_candidates=3 if drafter_name.endswith("tree") else 1)
     results = SpeculativeEngine(lm, drafter).generate_ids(
-        [prompt] * 20_000, max_new_tokens=3, num_draft_tokens=3, temperature=0.7, top_k=8, top_p=0.9, seed=5,
+        [prompt] * samples, max_new_tokens=3, num_draft_tokens=3, temperature=0.7, top_k=8, top_p=0.9, seed=5,
         eos_token_ids=(), draft_length="fixed")
-    counts = torch.zeros([12] * 3)
+    counts = torch.zeros([lm.vocab_size] * 3)
     for r in results:
         counts[tuple(r.token_ids)] += 1
     drafted = sum(r.stats.drafted_tokens for r in results)
@@ -477,14 +484,11 @@ def test_serve_on_a_gguf_file(tiny_gguf):
     """``genspec serve`` on the llamacpp backend (load_engine as the CLI calls it), over real HTTP on loopback:
     four concurrent greedy completions (rows as llama.cpp sequences in one batch, speculation on) each equal
     genspec's plain decoding of its prompt, and the server holds no row afterwards."""
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
-    import uvicorn
-    from test_serve import _free_port
+    from test_serve import serving
 
-    from genspec.serve.app import create_app
     from genspec.serve.settings import ServerSettings
     from genspec.serve.worker import load_engine
 
@@ -494,20 +498,10 @@ def test_serve_on_a_gguf_file(tiny_gguf):
     assert engine.target.backend == "llamacpp" and engine.max_batch_size == 4
     prompts = ["abcabcabcab", "hello hello hel", "xyz xyz xy", "12121212"]
     expected = [genspec.load(str(path), drafter="none").generate(p, max_new_tokens=16)[0].text for p in prompts]
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), host="127.0.0.1", port=port,
-                                           log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            thread.join(0.02)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+    with serving(engine, settings) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
         with ThreadPoolExecutor(4) as pool:
             texts = list(pool.map(lambda p: client.completions.create(model="tiny", prompt=p, max_tokens=16,
                                                                        temperature=0).choices[0].text, prompts))
         assert texts == expected
         assert engine.target.num_rows == 0
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)

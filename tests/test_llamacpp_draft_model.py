@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from stats_helpers import chi_square_pvalue  # noqa: E402
-from test_llamacpp import _exact_joint  # noqa: E402
+from test_llamacpp import assert_samples_follow_the_exact_law  # noqa: E402
 from tiny_gguf import write_tiny_gguf  # noqa: E402
 
 import genspec  # noqa: E402
@@ -21,7 +19,6 @@ from genspec.cli import main  # noqa: E402
 from genspec.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from genspec.engine import SpeculativeEngine  # noqa: E402
 from genspec.models.llamacpp import Kernels, LlamaCppLM  # noqa: E402
-from genspec.sampling import SamplingConfig, process_logits  # noqa: E402
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [10, 11, 12], [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4], [20, 21, 20, 21, 20]]
 
@@ -66,20 +63,8 @@ def test_a_gguf_draft_model_samples_the_targets_law(tmp_path):
     write_tiny_gguf(target_path, seed=0, layers=3, scale=8.0, vocab=12)
     write_tiny_gguf(draft_path, seed=0, layers=3, scale=8.0, vocab=12, weight_type="Q4_0")
     target = LlamaCppLM(target_path, None, context=16, max_rows=64, threads=1)  # 313 batches of 20,000
-    sampling = SamplingConfig(temperature=0.7, top_k=8, top_p=0.9)
-    prompt = [6, 4, 6, 7, 6, 9, 6]
-    exact = _exact_joint(target, prompt, 3, lambda logits: process_logits(logits, sampling))
-    drafter = genspec.build_drafter("draft-model", target, draft_model=str(draft_path))
-    results = SpeculativeEngine(target, drafter).generate_ids(
-        [prompt] * 20_000, max_new_tokens=3, num_draft_tokens=3, temperature=0.7, top_k=8, top_p=0.9, seed=5,
-        eos_token_ids=(), draft_length="fixed")
-    counts = torch.zeros([12] * 3)
-    for r in results:
-        counts[tuple(r.token_ids)] += 1
-    drafted = sum(r.stats.drafted_tokens for r in results)
-    accepted = sum(r.stats.accepted_tokens for r in results)
-    assert 0.02 < accepted / drafted < 0.98
-    assert chi_square_pvalue(counts.numpy(), exact.numpy()) > 1e-3
+    assert_samples_follow_the_exact_law(target, genspec.build_drafter("draft-model", target,
+                                                                      draft_model=str(draft_path)))
 
 
 def test_generate_with_a_gguf_draft_model(pair, capsys):

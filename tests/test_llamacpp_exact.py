@@ -183,7 +183,7 @@ def test_a_seeded_sample_repeats_with_speculation_on_and_off(exact, long_prompts
     policies (they draft different blocks, so different batches), 4 requests at temperature 0.5."""
     from genspec.drafters.prompt_lookup import PromptLookupDrafter
 
-    config = dict(max_new_tokens=NEW, temperature=0.5, seed=11, eos_token_ids=(), rule="coupled")
+    config = {"max_new_tokens": NEW, "temperature": 0.5, "seed": 11, "eos_token_ids": (), "rule": "coupled"}
     plain = [r.token_ids for r in SpeculativeEngine(exact).generate_ids(long_prompts, **config)]
     engine = SpeculativeEngine(exact, PromptLookupDrafter())
     spec = engine.generate_ids(long_prompts, num_draft_tokens=4, draft_length=draft_length, **config)
@@ -207,14 +207,12 @@ def test_a_served_request_gets_its_plain_output_beside_15_others(q8_gguf):
     past 512 tokens, speculation on (prompt lookup), each equal to plain decoding of its prompt alone, token for
     token, whichever requests shared its steps."""
     import random
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    import httpx
     import openai
-    import uvicorn
-    from test_serve import _free_port
+    from test_serve import serving
 
-    from genspec.serve.app import create_app
     from genspec.serve.settings import ServerSettings
     from genspec.serve.worker import load_engine
 
@@ -227,24 +225,13 @@ def test_a_served_request_gets_its_plain_output_beside_15_others(q8_gguf):
     prompts = [" ".join(rng.choice(words) for _ in range(110)) for _ in range(16)]
     alone = genspec.load(str(path), drafter="none", max_batch_size=1, measure_costs=False)
     expected = [alone.generate(p, max_new_tokens=24)[0].text for p in prompts]
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), host="127.0.0.1", port=port,
-                                           log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            thread.join(0.02)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    with serving(engine, settings) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
         with ThreadPoolExecutor(16) as pool:
             texts = list(pool.map(lambda p: client.completions.create(model="tiny", prompt=p, max_tokens=24,
                                                                        temperature=0).choices[0].text, prompts))
         assert texts == expected
-        import httpx
-
-        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-        accepted = [line for line in metrics.splitlines() if line.startswith("genspec:spec_decode_num_accepted_tokens_total")]
+        metrics = httpx.get(f"{url}/metrics").text
+        accepted = [line for line in metrics.splitlines()
+                    if line.startswith("genspec:spec_decode_num_accepted_tokens_total")]
         assert accepted and float(accepted[0].split()[-1]) > 0  # speculation ran, and drafts were kept
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)

@@ -6,6 +6,7 @@ this process on 127.0.0.1; every test talks HTTP to it.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import socket
 import threading
@@ -24,6 +25,23 @@ from genspec.serve.app import create_app
 from genspec.serve.settings import DEFAULT_MAX_BODY_BYTES, ServerSettings
 
 PROMPT = "abcabcabc def def abc"
+
+
+@contextlib.contextmanager
+def serving(engine, settings):
+    """``engine`` served by ``create_app`` on a free loopback port in a thread: yields its base URL; stopped after."""
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), host="127.0.0.1", port=port,
+                                           log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            thread.join(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 def _free_port() -> int:
