@@ -85,7 +85,7 @@ class Kernels(str, enum.Enum):
 
 
 #: weight types whose products give each output element one dot product in one order, whatever the number of
-#: rows, once tiled kernels are off (measured: benchmarks/costs/exactness_probe.py); float weights are not
+#: rows, once tiled kernels are off (measured bitwise: the manual's Backends page); float weights are not
 #: among them (llamafile's kernels, from 2 rows)
 _INVARIANT_WEIGHT_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
 
@@ -640,13 +640,13 @@ def derived_gguf(source: str | os.PathLike, weight_type: GGUFType | str | None =
     check_complete(source)
     weight_type = None if weight_type is None else GGUFType(weight_type)
     layers = tuple(sorted(set(int(i) for i in drop_layers)))
-    status = source.stat()
-    key = hashlib.sha256(repr((str(source.resolve()), status.st_size, status.st_mtime_ns,
+    stat = source.stat()
+    key = hashlib.sha256(repr((str(source.resolve()), stat.st_size, stat.st_mtime_ns,
                                weight_type and weight_type.value, layers)).encode()).hexdigest()[:16]
     folder = Path(cache) if cache is not None else cache_root() / "derived"
-    target = folder / f"{source.stem}-{weight_type.value if weight_type else 'copy'}-{key}.gguf"
-    if target.is_file():
-        return target
+    copy = folder / f"{source.stem}-{weight_type.value if weight_type else 'copy'}-{key}.gguf"
+    if copy.is_file():
+        return copy
     folder.mkdir(parents=True, exist_ok=True)
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = len(os.sched_getaffinity(0))
@@ -658,11 +658,11 @@ def derived_gguf(source: str | os.PathLike, weight_type: GGUFType | str | None =
     pruned = (ctypes.c_int32 * (len(layers) + 1))(*layers, -1)
     if layers:
         params.prune_layers = ctypes.cast(pruned, ctypes.POINTER(ctypes.c_int32))
-    partial = target.with_suffix(f".{os.getpid()}.partial")
+    partial = copy.with_suffix(f".{os.getpid()}.partial")
     status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))
     if status != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)
         raise InputFileError(f"llama.cpp could not write a {weight_type.value if weight_type else 'copy'} of "
                              f"{source}{f' without layers {list(layers)}' if layers else ''} (status {status})")
-    os.replace(partial, target)
-    return target
+    os.replace(partial, copy)
+    return copy
