@@ -64,7 +64,9 @@ tokens). The block is padded to its widest row, so the plan picks a width W and 
 draft gains fill it: it maximises the batch's expected tokens per unit of time,
 sum_i E_i(k_i) / (cost(B rows x W) + drafting), against plain decoding's B / cost(B x 1) with the
 same margin. Verify costs are kept by block shape, so a batch's costs are measured, not guessed, once
-seen. With one request this is the rule above.
+seen; a shape not yet seen is priced by its token count from the shapes that were (a block's matrix products
+cost what its rows x width tokens cost, whatever rows hold them), so a batch size timed only at its plain step
+is not priced from one row's relative curve. With one request this is the rule above.
 """
 from __future__ import annotations
 
@@ -104,12 +106,13 @@ EXPLORE_EVERY = 16
 class CostModel:
     """The target's verify time by the block's shape, ``batch`` rows x ``width`` tokens (padding runs
     through the decoder like real tokens): a running (exponentially weighted) average per measured
-    shape. For a shape not measured: within its batch size, linear interpolation between measured
-    widths, and beyond them the least-squares slope of that batch size's measurements; a batch size with
-    fewer than two widths measured borrows the relative curve of the nearest one that has them, and
-    the growth prior (each extra token costs ``growth_prior`` of a one-token step) stands in until
-    there is none. Shapes differ much: on a CPU an extra token of a block costs a single row far more than
-    each of four rows (the manual's Draft length page has the measured curves).
+    shape. For a shape not measured (:meth:`verify_cost` gives the order): within its batch size, linear
+    interpolation between measured widths; between two measured batch sizes of its width; else by its token
+    count (:meth:`token_curve`) where a block of that many tokens or more was measured or the batch size has no
+    curve of its own; beyond every measured block, the least-squares slope of that batch size's measurements;
+    the growth prior (each extra token costs ``growth_prior`` of a one-token step) where nothing is measured.
+    Shapes differ much: on a CPU an extra token of a block costs a single row far more than each of four rows
+    (the manual's Draft length page has the measured curves).
     ``genspec serve`` measures a grid of shapes at start (:func:`genspec.calibration.measure_verify_costs`)."""
 
     def __init__(self, decay: float = 0.8, growth_prior: float = 0.1, explore_every: int = EXPLORE_EVERY):
@@ -127,6 +130,8 @@ class CostModel:
         # the padded slots of its logits, contexts longer than the calibration's): such a step is priced at it
         self.split_factor: dict[int, float] = {}
         self._explore_wait: dict[int, int] = {}  # batch -> plans since the last exploration
+        self._curves: dict[int, dict[int, float]] = {}  # batch -> _widths(batch), until an observation
+        self._tokens: dict[int, float] | None = None  # the token curve (:meth:`token_curve`), until an observation
 
     def widest(self, batch: int = 1) -> int:
         """The widest block measured for ``batch`` rows (0: none)."""
@@ -134,12 +139,28 @@ class CostModel:
 
     def extrapolated(self, width: int, batch: int) -> bool:
         """Whether :meth:`verify_cost` of ``batch`` rows x ``width`` tokens is a guess beyond what was measured:
-        wider than any block of ``batch`` rows, and not between two measured batch sizes with that width (a
-        13 x 8 block between a measured 8 x 8 and 16 x 8 is interpolated, not guessed)."""
+        wider than any block of ``batch`` rows, not between two measured batch sizes with that width (a 13 x 8
+        block between a measured 8 x 8 and 16 x 8 is interpolated, not guessed), and more tokens than any
+        block measured (a 4 x 3 block, 12 tokens, is priced from blocks of 9 and 16 tokens: :meth:`token_curve`)."""
         key = (width, batch)
         if key not in self._guessed:  # asked for every block of every candidate a plan prices: once per observation
-            self._guessed[key] = width > self.widest(batch) and self._between_batches(width, batch) is None
+            self._guessed[key] = (width > self.widest(batch) and self._between_batches(width, batch) is None
+                                  and batch * width > max(self.token_curve(), default=0))
         return self._guessed[key]
+
+    def token_curve(self) -> dict[int, float]:
+        """The measured blocks by their token count, rows x width -> seconds (the cheapest block of each count):
+        what prices a shape its batch size has not measured. A block's matrix products cost what its token count
+        does, whatever rows hold them (16 rows of 1 token and 1 row of 16 multiply the same 16 vectors), so on a
+        machine where 9 tokens of one row cost 3.8 plain steps, 16 rows of 9 tokens cost about 8 plain steps
+        of 16 rows, not the 3.8 that one row's relative curve says."""
+        if self._tokens is None:
+            self._tokens = {}
+            for batch in {b for b, _ in self.verify}:
+                for width, seconds in self._widths(batch).items():
+                    n = batch * width
+                    self._tokens[n] = min(seconds, self._tokens.get(n, seconds))
+        return self._tokens
 
     def prior_relative(self, width: int) -> float:
         """The growth prior: verifying ``width`` tokens costs ``1 + growth_prior (width - 1)`` plain steps."""
@@ -162,6 +183,8 @@ class CostModel:
     def observe_verify(self, width: int, seconds: float, batch: int = 1) -> None:
         self._priced.clear()
         self._guessed.clear()
+        self._curves.clear()
+        self._tokens = None
         old = self.verify.get((batch, width))
         self.verify[(batch, width)] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
         plain = self.verify.get((batch, 1))
@@ -172,20 +195,24 @@ class CostModel:
     def observe_split(self, shapes: list[tuple[int, int]], seconds: float, batch: int) -> None:
         """A step of ``batch`` rows the target ran as the blocks ``shapes`` (more than one) took ``seconds``: the
         ratio to its blocks' summed costs, a running average per batch size, prices such steps from now on; or,
-        where one block is priced by a guess (:meth:`extrapolated`), what the others leave is that block's cost."""
+        where blocks are priced by a guess (:meth:`extrapolated`), what the others leave is shared among them in
+        proportion to their guesses (a step of 16 x 1, 3 x 6 and 8 x 6 blocks, the last two guessed, times them
+        both), so that exploring measures what it explores."""
         if len(shapes) < 2:
             return
-        # a block priced by a guess (a plan that explored it) is learned from what the others leave of the step, so
-        # that exploring measures what it explores
         beyond = [i for i, (rows, tokens) in enumerate(shapes) if self.extrapolated(tokens, rows)]
         costs = [self.verify_cost(tokens, rows) for rows, tokens in shapes]
-        if len(beyond) == 1:
-            others = [c for i, c in enumerate(costs) if i != beyond[0]]
-            if all(c is not None for c in others) and seconds > sum(others):
-                rows, tokens = shapes[beyond[0]]
-                self.observe_verify(tokens, seconds - sum(others), rows)
+        if beyond:
+            others = [c for i, c in enumerate(costs) if i not in beyond]
+            guesses = [costs[i] for i in beyond]
+            if any(c is None for c in others + guesses) or seconds <= sum(others) or sum(guesses) <= 0:
+                return
+            left = seconds - sum(others)
+            for i, guess in zip(beyond, guesses):
+                rows, tokens = shapes[i]
+                self.observe_verify(tokens, left * guess / sum(guesses), rows)
             return
-        if beyond or any(c is None or c <= 0 for c in costs):
+        if any(c is None or c <= 0 for c in costs):
             return
         value, old = seconds / sum(costs), self.split_factor.get(batch)
         self.split_factor[batch] = value if old is None else self.decay * old + (1 - self.decay) * value
@@ -200,6 +227,11 @@ class CostModel:
         steps now take 0.20 s, would look half its price against them (drafting would look cheap because the
         machine slowed). So each width's time is scaled by the plain step's now over the plain step's when it
         was timed."""
+        if batch not in self._curves:  # a plan reads it for many shapes: once per observation
+            self._curves[batch] = self._measured_widths(batch)
+        return self._curves[batch]
+
+    def _measured_widths(self, batch: int) -> dict[int, float]:
         plain = self.verify.get((batch, 1))
         curve = sorted((w, t) for (b, w), t in self.verify.items() if b == batch)
         out, cheapest = {}, float("inf")
@@ -222,20 +254,30 @@ class CostModel:
         return self._priced[key]
 
     def _verify_cost(self, width: int, batch: int) -> float | None:
+        """In order: the measured width; between two measured widths of this batch size; between two measured
+        batch sizes of this width; by token count (:meth:`token_curve`, scaled to this batch's plain step) where a
+        block of as many tokens or more was measured, or where this batch size has no curve of its own; beyond
+        every measured block, this batch size's own slope (:func:`_along`); the growth prior."""
         curve = self._widths(batch)
         if width in curve:
             return curve[width]
-        if len(curve) >= 2:
+        if len(curve) >= 2 and width < max(curve):
             return _along(curve, width, self.growth_prior)
         between = self._between_batches(width, batch)
         if between is not None:
             return between
+        tokens = self.token_curve()
         step = curve.get(1) if curve else None
+        if len(tokens) >= 2 and (batch * width <= max(tokens) or len(curve) < 2):
+            priced = _along(tokens, batch * width, self.growth_prior)
+            return priced if step is None else step * priced / _along(tokens, batch, self.growth_prior)
+        if len(curve) >= 2:
+            return _along(curve, width, self.growth_prior)
         if step is None:
             step = self._borrowed_step(batch)
             if step is None:
                 return None
-        return step * self.relative(width, batch)
+        return step * self.prior_relative(width)
 
     def _between_batches(self, width: int, batch: int) -> float | None:
         """``width`` tokens at ``batch`` rows, linear between the nearest batch sizes below and above that have
@@ -271,16 +313,12 @@ class CostModel:
         return plain[nearest] * (1 + self.growth_prior * (batch - 1)) / (1 + self.growth_prior * (nearest - 1))
 
     def relative(self, width: int, batch: int = 1) -> float:
-        """Verify cost of ``batch`` rows x ``width`` tokens in plain steps of that batch."""
-        curve = self._widths(batch)
-        if len(curve) >= 2 and 1 in curve:
-            return _along(curve, width, self.growth_prior) / curve[1]
-        known = [b for b in {b for b, _ in self.verify} if len(self._widths(b)) >= 2 and 1 in self._widths(b)]
-        if known:  # the nearest batch size's curve, in units of its own plain step
-            nearest = min(known, key=lambda b: (abs(b - batch), b))
-            other = self._widths(nearest)
-            return _along(other, width, self.growth_prior) / other[1]
-        return self.prior_relative(width)
+        """Verify cost of ``batch`` rows x ``width`` tokens in plain steps of that batch (the growth prior where
+        nothing prices either)."""
+        block, plain = self.verify_cost(width, batch), self.verify_cost(1, batch)
+        if block is None or not plain:
+            return self.prior_relative(width)
+        return block / plain
 
 
 def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:

@@ -432,6 +432,23 @@ def test_an_unpadded_step_that_explores_a_block_measures_it():
     assert all(lengths[0] < 8 for lengths in later) and len({tuple(lengths) for lengths in later}) == 1
 
 
+def test_a_step_that_explores_several_blocks_measures_each_of_them():
+    """A ragged step of 16 rows x 1, 3 x 6 and 8 x 6 tokens, the last two beyond every measured block: what the
+    plain block leaves of the step's time is shared between them in proportion to their guessed costs, so both
+    are measured (one exploration, not one per plan in ``EXPLORE_EVERY`` for as long as the step repeats)."""
+    costs = CostModel()
+    for width in range(1, 10):
+        costs.observe_verify(width, _compute_bound(width))
+    costs.observe_verify(1, _compute_bound(16), batch=16)
+    shapes = [(16, 1), (3, 6), (8, 6)]
+    assert [costs.extrapolated(tokens, rows) for rows, tokens in shapes] == [False, True, True]
+    guesses = [costs.verify_cost(6, 3), costs.verify_cost(6, 8)]
+    costs.observe_split(shapes, _compute_bound(16) + 0.6, 16)
+    assert costs.verify[(3, 6)] == pytest.approx(0.6 * guesses[0] / sum(guesses))
+    assert costs.verify[(8, 6)] == pytest.approx(0.6 * guesses[1] / sum(guesses))
+    assert not costs.extrapolated(6, 3) and not costs.extrapolated(6, 8)
+
+
 def test_a_block_between_measured_batch_sizes_is_priced_not_explored():
     """A 12 x 8 block of a ragged step lies between the measured 8 x 8 and 16 x 8 blocks: its cost is
     interpolated, not guessed, so the plan does not explore it at the growth prior's price (where a wide block
@@ -440,11 +457,48 @@ def test_a_block_between_measured_batch_sizes_is_priced_not_explored():
     for batch in (1, 8, 16):
         for width in range(1, 10):
             costs.observe_verify(width, 0.01 * batch * width, batch)
-    assert not costs.extrapolated(8, 12) and costs.extrapolated(10, 12) and costs.extrapolated(8, 20)
+    assert not costs.extrapolated(8, 12) and costs.extrapolated(10, 16) and costs.extrapolated(8, 20)
     assert costs.verify_cost(8, 12) == pytest.approx(0.96)
+    # 12 x 10 is wider than any block measured between those batch sizes, but its 120 tokens are fewer than the
+    # 144 of a measured 16 x 9 block: priced by its token count, not guessed
+    assert not costs.extrapolated(10, 12) and costs.verify_cost(10, 12) == pytest.approx(1.2)
     rows = [RowPlan(_policy(0.8, 0.8), None, 8) for _ in range(12)] + [RowPlan(None) for _ in range(4)]
     assert equal_split([9] * 12 + [1] * 4) == [(16, 1), (12, 8)]
     assert all(plan(rows, costs, equal_split) == [0] * 16 for _ in range(2 * EXPLORE_EVERY))
+
+
+def _compute_bound(tokens: int) -> float:
+    """Seconds for a block of ``tokens`` tokens (any rows) where every token after the first costs a third of
+    a one-row step (the embedded model on the 2-core AMD EPYC VM: 15 ms, then about 5 ms a token)."""
+    return 0.015 + 0.005 * (tokens - 1)
+
+
+def test_a_batch_size_with_only_its_plain_step_measured_is_priced_by_token_count():
+    """An engine calibrated at one row (widths 1-9, as ``genspec.load`` does) that then runs 16 rows has timed
+    only their plain step. Priced by one row's relative curve, 16 rows of 9 tokens would cost 3.4 plain steps of
+    16 rows (its 9-token block's 0.055 s over 0.015) and look worth drafting; priced by their 144 tokens they
+    cost 8.7, their real cost on a machine whose matrix products are already compute-bound. Over 64 plans of
+    16 rows whose free drafts are kept at 0.7 / 0.8, the plan explores one wide block at most (the widest, at
+    the growth prior's price: once measured, every block of fewer tokens is priced by interpolation), and the
+    steps cost no more than plain decoding's and that one block."""
+    costs = CostModel()
+    for width in range(1, 10):
+        costs.observe_verify(width, _compute_bound(width))
+    costs.observe_verify(1, _compute_bound(16), batch=16)
+    assert costs.verify_cost(9, 16) == pytest.approx(_compute_bound(16) + 128 * 0.005)
+    rows = [RowPlan(_policy(0.7, 0.8, costs), "match", 8) for _ in range(16)]
+    seconds, drafting = 0.0, 0
+    for _ in range(64):
+        lengths = plan(rows, costs, equal_split)
+        shapes = equal_split([1 + k for k in lengths])
+        step = sum(_compute_bound(n * w) for n, w in shapes)
+        seconds, drafting = seconds + step, drafting + any(lengths)
+        if len(shapes) > 1:
+            costs.observe_split(shapes, step, 16)
+        else:
+            costs.observe_verify(shapes[0][1], step, 16)
+    assert drafting <= 1
+    assert seconds <= 64 * _compute_bound(16) + _compute_bound(16 * 9) + 1e-9
 
 
 def test_a_width_is_priced_against_the_plain_step_it_was_timed_beside():
@@ -554,7 +608,7 @@ def test_fixed_rows_draft_their_own_k_and_cost_rows_join_when_it_pays():
     assert plan([RowPlan(_policy(0.3, 0.3, costs), None, 8), RowPlan(None), RowPlan(None)], costs) == [0, 0, 0]
 
 
-def test_cost_model_interpolates_extrapolates_and_borrows_curves():
+def test_cost_model_interpolates_extrapolates_and_prices_other_batches_by_token_count():
     costs = CostModel()
     costs.observe_verify(1, 0.1, batch=4)
     costs.observe_verify(3, 0.3, batch=4)
@@ -564,9 +618,12 @@ def test_cost_model_interpolates_extrapolates_and_borrows_curves():
     costs.observe_verify(4, 0.35, batch=4)  # two widths >= 2: their own slope
     assert costs.verify_cost(6, batch=4) == pytest.approx(0.45)
     assert costs.relative(3, batch=4) == pytest.approx(3.0)
-    costs.observe_verify(1, 0.2, batch=8)  # a plain step only: batch 4's relative curve is borrowed
-    assert costs.relative(3, batch=8) == pytest.approx(3.0)
-    assert costs.verify_cost(3, batch=8) == pytest.approx(0.6)
+    # a plain step only: priced by token count, 24 tokens beyond the measured 4 (0.1 s), 8 (0.2: this plain
+    # step), 12 (0.3) and 16 (0.35): their least-squares slope, 0.02125 s per token
+    costs.observe_verify(1, 0.2, batch=8)
+    assert costs.token_curve() == {4: 0.1, 8: 0.2, 12: 0.3, 16: 0.35}
+    assert costs.verify_cost(3, batch=8) == pytest.approx(0.35 + 8 * 0.02125)
+    assert costs.relative(3, batch=8) == pytest.approx((0.35 + 8 * 0.02125) / 0.2)
     single = CostModel()
     single.observe_verify(1, 0.1)
     assert single.relative(3) == pytest.approx(1.2)  # nothing to borrow: the growth prior
@@ -864,6 +921,7 @@ def test_decide_probes_a_switched_off_costly_row_when_affordable_and_never_a_fre
     that proposed nothing is not probed; a fixed policy's costly row drafts its k (up to its cap), unprobed."""
     costs = CostModel()
     costs.observe_verify(1, 0.1)
+    costs.observe_verify(2, 0.11)  # a 2-token block: 1.1 plain steps
     costs.observe_verify(1, 0.1, batch=3)
     asked = []
 

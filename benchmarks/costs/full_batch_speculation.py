@@ -4,6 +4,10 @@ throughput of the whole run, and at a full batch that of the steps that drafted 
 (their prefills left out: a step that admits a request also prefills its prompt).
 
     python benchmarks/costs/full_batch_speculation.py [--rows 16] [--requests 48] [--drafters none,prompt-lookup]
+        [--calibrate serve|load] [--ignore-eos]
+
+``--calibrate load``: the costs ``genspec.load`` measures (one row's widths only), so that every batch size above
+one is priced from them and from what the engine measures as it runs (``generate_ids`` over a batch of prompts).
 
 Prompts: the last ``--requests`` of Spec-Bench's prompts that ``genspec bench`` does not measure, taken round
 robin over the categories (as ``serve_load.py --held-out`` does), ``Question: ...\\nAnswer:``, greedy, 128
@@ -29,8 +33,8 @@ def held_out(count: int) -> list[str]:
     return prompts[-count:]
 
 
-def run(engine, prompts: list[list[int]], rows: int, drafter: str, tokens: int) -> dict:
-    config = GenerationConfig(max_new_tokens=tokens, drafter=drafter)
+def run(engine, prompts: list[list[int]], rows: int, drafter: str, tokens: int, ignore_eos: bool) -> dict:
+    config = GenerationConfig(max_new_tokens=tokens, drafter=drafter, eos_token_ids=() if ignore_eos else None)
     queue = iter(prompts)
     for prompt in [next(queue) for _ in range(min(rows, len(prompts)))]:
         engine.add_request(prompt, config)
@@ -64,15 +68,19 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--drafters", default="none,prompt-lookup")
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--calibrate", choices=("serve", "load"), default="serve")
+    parser.add_argument("--ignore-eos", action="store_true")
     args = parser.parse_args()
-    engine = genspec.load(drafter="prompt-lookup", max_batch_size=args.rows, backend="llamacpp", measure_costs=False)
-    calibrate_engine(engine, batches=sorted({1, 2, 4, 8, 16, args.rows} & set(range(1, args.rows + 1))))
+    engine = genspec.load(drafter="prompt-lookup", max_batch_size=args.rows, backend="llamacpp",
+                          measure_costs=args.calibrate == "load")
+    if args.calibrate == "serve":
+        calibrate_engine(engine, batches=sorted({1, 2, 4, 8, 16, args.rows} & set(range(1, args.rows + 1))))
     prompts = [engine.tokenizer.encode(f"Question: {p}\nAnswer:") for p in held_out(args.requests)]
     print(f"| drafter | tok/s | drafted | accepted | {args.rows}-row steps that drafted | their tok/s | "
           f"{args.rows}-row steps that did not | their tok/s |")
     print("|---|---|---|---|---|---|---|---|")
     for drafter in args.drafters.split(","):
-        out = run(engine, prompts, args.rows, drafter, args.tokens)
+        out = run(engine, prompts, args.rows, drafter, args.tokens, args.ignore_eos)
         print(f"| {drafter} | {out['tok_s']:.1f} | {out['drafted']} | {out['accepted']} | {out['drafting'][0]} | "
               f"{out['drafting'][1]:.1f} | {out['plain'][0]} | {out['plain'][1]:.1f} |", flush=True)
 
