@@ -214,6 +214,33 @@ def test_free_proposals_are_scored_when_not_verified():
     assert policy.estimate(3).rate_first < before
 
 
+def test_a_plan_that_stopped_drafting_learns_later_positions_from_the_steps_that_follow():
+    """Where a 2-token block costs two plain steps and a 4-token one 2.5, a policy whose drafts failed past their
+    first token drafts nothing, and nothing drafted tests a later position again. The unverified proposals'
+    later tokens are scored against the tokens the following plain steps emit: an answer that goes on as
+    proposed brings drafting back; one that does not keeps it off."""
+    costs = CostModel()
+    for width, seconds in ((1, 0.014), (2, 0.029), (3, 0.033), (4, 0.035), (5, 0.050), (9, 0.067)):
+        costs.observe_verify(width, seconds)
+
+    def locked_out():
+        policy = DraftLength("cost", k_max=8, cost_model=costs)
+        for _ in range(8):
+            policy.update(drafted=4, accepted=1, evidence=4)  # first tokens kept, later ones not
+        assert policy.best_k(evidence=4) == 0
+        return policy
+
+    text = list(range(100, 160))  # what the target emits, one token a plain step
+    right, wrong = locked_out(), locked_out()
+    for step in range(40):
+        # each step: the proposal made before it, the token it emitted
+        right.learn(0, 0, [text[step]], 4, proposal=text[step:step + 6])
+        wrong.learn(0, 0, [text[step]], 4, proposal=[text[step], 7, 7, 7, 7, 7])  # right first token only
+    assert right.best_k(evidence=4) >= 3
+    assert wrong.best_k(evidence=4) == 0
+    assert wrong.estimate(4).rate_later < 0.1 and right.estimate(4).rate_later > 0.9
+
+
 def test_a_draft_kept_whole_scores_the_proposals_next_token_so_one_token_drafts_are_not_a_trap():
     """Drafts of one token never test a later position: a policy that has come to distrust later tokens
     drafts one at a time for good, however often they are kept. The free proposal's next token, scored
