@@ -5,7 +5,8 @@
 adds llama.cpp's own C++ ``llama-server`` on the same GGUF file, once per listed speculation type (``none``:
 plain; ``default``: its ``--spec-default``; any model-free ``--spec-type``), with ``-np`` = the largest
 level; it is built from the llama.cpp source that llama-cpp-python vendors on first use
-(``genspec.bench.llama_server``, cached, its build time printed). With ``--held-out`` each level takes
+(``genspec.bench.llama_server``, cached, its build time printed). ``--also-drafters suffix,ngram-cache`` adds a
+genspec server per listed drafter. With ``--held-out`` each level takes
 prompts of its own that ``genspec bench`` does not measure (each category's third prompt on), the same
 for every server, so no cross-request cache sees a prompt twice; and each server is started for one level
 and stopped after it, one server running at a time. ``--backend ray --replicas 1,2``: for each
@@ -195,6 +196,8 @@ def setups(args) -> list[tuple[str, dict]]:
     """``(label, {mode: (server flags, extra request fields)})``, measured one after the other."""
     if args.backend == "local":
         modes = {"on": (("--drafter", "prompt-lookup"), {}), "off": (("--drafter", "none"), {})}
+        for drafter in args.also_drafters:
+            modes[f"genspec {drafter}"] = (("--drafter", drafter), {})
         if args.versus_llamacpp_server:
             modes["llama.cpp"] = (LLAMACPP_SERVER, {})
         for spec_type in args.llama_server_types:
@@ -316,6 +319,8 @@ def main() -> None:
     parser.add_argument("--versus-llama-server", default="", metavar="TYPES",
                         help="--backend local: also measure llama.cpp's llama-server on the same GGUF, once per "
                              f"listed speculation type ({', '.join(SPEC_TYPES)})")
+    parser.add_argument("--also-drafters", default="", metavar="NAMES",
+                        help="--backend local: more genspec servers, one per listed drafter (e.g. suffix,ngram-cache)")
     parser.add_argument("--held-out", action="store_true",
                         help="prompts genspec bench does not measure, new ones at each level; one server at a time")
     parser.add_argument("--out", default="bench_results/serve_load")
@@ -326,6 +331,7 @@ def main() -> None:
         raise SystemExit(f"--requests: one number or one per level ({len(levels)}), got {args.requests}")
     args.requests = requests * len(levels) if len(requests) == 1 else requests
     args.llama_server_types = [t for t in args.versus_llama_server.split(",") if t]
+    args.also_drafters = [d for d in args.also_drafters.split(",") if d]
     unknown = [t for t in args.llama_server_types if t not in SPEC_TYPES]
     if unknown:
         raise SystemExit(f"--versus-llama-server: unknown type {unknown[0]!r}; choose from {', '.join(SPEC_TYPES)}")
