@@ -132,6 +132,26 @@ def test_transient_logits_are_forwards_without_the_copy(target):
     assert torch.equal(kept, kept_then)  # forward's are the caller's
 
 
+def test_transient_logits_of_ragged_blocks_in_turn_are_forwards(target):
+    """The reused buffer zeroes only the slots earlier calls wrote: ragged blocks of other shapes one after the
+    other (wide, narrow, the rows swapped, one row empty) give ``forward``'s logits each time, zeros included."""
+    blocks = [torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14]]), torch.tensor([[7, 8], [9, 10]]),
+              torch.tensor([[7, 8, 9], [10, 11, 12]]), torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14]])]
+    valids = [torch.tensor([[True] * 4, [True, False, False, False]]), torch.tensor([[True, False], [True, True]]),
+              torch.tensor([[True, True, True], [False, False, False]]), torch.tensor([[True, False, False, False]] * 2)]
+    expected = []
+    target.reset(0)
+    target.add_rows([[3, 4, 5], [6, 5, 4]])
+    for block, valid in zip(blocks, valids):
+        expected.append(target.forward(block, valid))
+        target.keep_block(torch.full(block.shape, -1))
+    for block, valid, want in zip(blocks, valids, expected):
+        got = target.forward_transient(block, valid)
+        assert torch.equal(got, want)
+        assert not got[~valid].any()
+        target.keep_block(torch.full(block.shape, -1))
+
+
 def test_block_logits_equal_single_steps(target):
     """A k-token block's logits equal those of k one-token steps (the measured flip rate on the real model
     is in the manual; on this float32 model they agree to 1e-4), and rolling back a rejected tail leaves

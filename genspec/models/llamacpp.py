@@ -292,6 +292,7 @@ class LlamaCppLM(CausalLM):
             raise ConfigError(f"llama.cpp cannot make a context of {params.n_ctx} tokens for {max_rows} rows")
         self._memory = llama_cpp.llama_get_memory(self._context)
         self._scratch_buffer: torch.Tensor | None = None
+        self._dirty: set[int] = set()  # the slots of the reused buffer that are not zero (:meth:`_scratch`)
         self._batch_size = int(params.n_batch)
         self._batch = llama_cpp.llama_batch_init(self._batch_size, 0, self._num_sequences)
 
@@ -409,7 +410,8 @@ class LlamaCppLM(CausalLM):
                           prefix: PrefixKV | None = None, return_hidden: bool = False,
                           hidden_layers: tuple[int, ...] = ()):
         """:meth:`forward` whose logits are llama.cpp's own buffer when every slot of the block is an output
-        (no copy), else a buffer this model reuses from call to call: either is overwritten by the next call.
+        (no copy), else a buffer this model reuses from call to call: either is overwritten by the next call, and
+        the caller must not write into it (the reused buffer keeps track of its non-zero slots).
         A fresh ``[B, n, V]`` tensor each step costs its page faults as well as the copy: 262,144 float32
         logits are 1 MiB a slot, so 16 rows of 17-token blocks are 272 MiB of new memory."""
         return self._forward(tokens, valid, tree_mask, last_only, prefix, return_hidden, hidden_layers, True)
@@ -469,15 +471,21 @@ class LlamaCppLM(CausalLM):
         full = len(outputs) == shape[0] * shape[1]
         if full and order == sorted(order):  # every slot is an output, row by row
             return logits.view(shape) if transient else logits.view(shape).clone()
-        out = self._scratch(shape) if transient else torch.empty(shape, dtype=torch.float32)
-        if outputs:
-            index = torch.tensor(outputs)
-            out[index[:, 0], 0 if last_only else index[:, 1]] = logits  # in the order they were decoded
-        if not full:
-            slots = torch.ones(shape[:2], dtype=torch.bool)
-            if outputs:
-                slots[index[:, 0], 0 if last_only else index[:, 1]] = False
-            out[slots] = 0.0
+        index = torch.tensor(outputs, dtype=torch.long).reshape(-1, 2)
+        slots = index[:, 0] * shape[1] + (0 if last_only else index[:, 1])  # in the order they were decoded
+        if not transient:
+            out = torch.zeros(shape, dtype=torch.float32)
+            out.view(-1, shape[2])[slots] = logits
+            return out
+        # the reused buffer is zero except at the slots a call wrote: only those of the last calls that this one does
+        # not write are zeroed again (a 16-row block 9 wide of which 20 slots are real is 144 MiB to zero, 20 to copy)
+        out = self._scratch(shape)
+        flat, written = out.view(-1, shape[2]), set(slots.tolist())
+        stale = [slot for slot in self._dirty if slot < shape[0] * shape[1] and slot not in written]
+        if stale:
+            flat[torch.tensor(stale)] = 0.0
+        flat[slots] = logits
+        self._dirty = (self._dirty - set(stale)) | written
         return out
 
     def _emission_order(self) -> list[int]:
@@ -493,7 +501,8 @@ class LlamaCppLM(CausalLM):
         """A ``shape`` view of the buffer :meth:`forward_transient` reuses (grown when too small)."""
         needed = shape[0] * shape[1] * shape[2]
         if self._scratch_buffer is None or self._scratch_buffer.numel() < needed:
-            self._scratch_buffer = torch.empty(needed, dtype=torch.float32)
+            self._scratch_buffer = torch.zeros(needed, dtype=torch.float32)
+            self._dirty = set()
         return self._scratch_buffer[:needed].view(shape)
 
     def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
