@@ -567,3 +567,10 @@ def test_ignore_eos_generates_the_full_budget_for_every_method(tmp_path, tiny_mo
     assert results["settings"]["ignore_eos"] is True and results["settings"]["eos_token_ids"] == []
     assert "--ignore-eos" in results["command"]
     assert "12 new tokens on every call (end tokens ignored)" in (tmp_path / "ignored" / "report.md").read_text()
+
+
+def test_round_robin_takes_each_category_in_turn():
+    from genspec.bench.prompts import BenchPrompt, round_robin
+    prompts = [BenchPrompt(i, category, f"{category}{i}") for i, category in enumerate("aabbbc")]
+    assert round_robin(prompts) == ["a0", "b2", "c5", "a1", "b3", "b4"]
+    assert round_robin([]) == []

@@ -19,18 +19,13 @@ import argparse
 import time
 
 import genspec
-from genspec.bench.prompts import load_spec_bench
+from genspec.bench.prompts import load_spec_bench, round_robin
 from genspec.calibration import calibrate_engine
 from genspec.engine import GenerationConfig
 
 
 def held_out(count: int) -> list[str]:
-    by_category: dict[str, list[str]] = {}
-    for prompt in load_spec_bench(skip=2):
-        by_category.setdefault(prompt.category, []).append(prompt.text)
-    columns = list(by_category.values())
-    prompts = [column[i] for i in range(max(map(len, columns))) for column in columns if i < len(column)]
-    return prompts[-count:]
+    return round_robin(load_spec_bench(skip=2))[-count:]
 
 
 def run(engine, prompts: list[list[int]], rows: int, drafter: str, tokens: int, ignore_eos: bool) -> dict:

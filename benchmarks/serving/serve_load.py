@@ -45,9 +45,13 @@ from pathlib import Path
 
 import httpx
 
-from genspec.bench.llama_server import SPEC_TYPES, free_port, server_binary, server_command
-from genspec.bench.prompts import load_spec_bench
-
+from genspec.bench.llama_server import (
+    SPEC_TYPES,
+    free_port,
+    server_binary,
+    server_command,
+)
+from genspec.bench.prompts import load_spec_bench, round_robin
 
 LLAMACPP_SERVER = ("llama_cpp.server",)  # a mode's flags that start llama-cpp-python's own server instead
 LLAMA_SERVER = "llama-server"  # a mode's first flag that starts llama.cpp's C++ server (its speculation type after)
@@ -340,11 +344,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.held_out:  # round robin over the categories, so that every level's slice mixes them
-        by_category: dict[str, list[str]] = {}
-        for prompt in load_spec_bench(skip=2):
-            by_category.setdefault(prompt.category, []).append(prompt.text)
-        columns = list(by_category.values())
-        prompts = [column[i] for i in range(max(map(len, columns))) for column in columns if i < len(column)]
+        prompts = round_robin(load_spec_bench(skip=2))
     else:
         prompts = [p.text for p in load_spec_bench(per_category=2)]
     started = time.time()

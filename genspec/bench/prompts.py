@@ -45,6 +45,16 @@ class BenchPrompt:
     history: bool = False
 
 
+def round_robin(prompts: list[BenchPrompt]) -> list[str]:
+    """The prompts' texts taken a category at a time in turn (each category's first, then each one's second, ...),
+    so that any slice of them mixes the categories: what load tests send as their held-out traffic."""
+    by_category: dict[str, list[str]] = {}
+    for prompt in prompts:
+        by_category.setdefault(prompt.category, []).append(prompt.text)
+    columns = list(by_category.values())
+    return [column[i] for i in range(max(map(len, columns), default=0)) for column in columns if i < len(column)]
+
+
 def load_spec_bench(categories: list[str] | None = None, per_category: int | None = None,
                     skip: int = 0) -> list[BenchPrompt]:
     """First-turn prompts, in file order, optionally filtered by category and capped per category.
