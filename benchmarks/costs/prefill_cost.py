@@ -22,18 +22,32 @@ a = ap.parse_args()
 path = default_gguf_path(progress=False)
 lm = LlamaCppLM(path, kernels=a.kernels, max_rows=16, context=2048)
 g = torch.Generator().manual_seed(0)
-res = {}
-prompts = lambda rows, n: [torch.randint(1000, 20000, (n,), generator=g).tolist() for _ in range(rows)]
-for rows, n in [(1, int(n)) for n in a.lengths.split(",")] + [(4, 256)]:
+
+
+def prompts(rows: int, n: int) -> list[list[int]]:
+    return [torch.randint(1000, 20000, (n,), generator=g).tolist() for _ in range(rows)]
+
+
+def best_seconds(setup, call, reps: int) -> float:
+    """The fastest of ``reps`` timed calls of ``call(setup())``; ``setup`` is not timed."""
     best = float("inf")
-    for _ in range(a.reps):
-        lm.reset(0); batch = prompts(rows, n)
-        t = time.perf_counter(); lm.add_rows(batch); best = min(best, time.perf_counter() - t)
-    res[f"{rows}x{n} ms/token"] = round(1000 * best / (rows * n), 2)
+    for _ in range(reps):
+        arg = setup()
+        t = time.perf_counter(); call(arg); best = min(best, time.perf_counter() - t)
+    return best
+
+
+def fresh_prompts(rows: int, n: int):
+    lm.reset(0)
+    return prompts(rows, n)
+
+
+res = {}
+for rows, n in [(1, int(n)) for n in a.lengths.split(",")] + [(4, 256)]:
+    seconds = best_seconds(lambda: fresh_prompts(rows, n), lm.add_rows, a.reps)
+    res[f"{rows}x{n} ms/token"] = round(1000 * seconds / (rows * n), 2)
 lm.reset(0); lm.add_rows(prompts(16, 200))
 tokens = torch.randint(1000, 20000, (16, 1), generator=g)
-best = float("inf")
-for _ in range(10):
-    t = time.perf_counter(); lm.forward_transient(tokens); lm.commit_all(); best = min(best, time.perf_counter() - t)
-res["16x1 decode ms"] = round(1000 * best, 1)
+seconds = best_seconds(lambda: tokens, lambda t: (lm.forward_transient(t), lm.commit_all()), 10)
+res["16x1 decode ms"] = round(1000 * seconds, 1)
 print(json.dumps({"kernels": a.kernels, **res}), flush=True)
