@@ -84,8 +84,8 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
     """A target model from a local directory or GGUF file, or the embedded default (Gemma 3 270M) if ``path``
     is None, on ``backend`` (see :class:`Backend`). A dtype or device that cannot work is refused before anything
     loads; ``max_rows`` sizes a llamacpp model's sequences (default 8); ``kernels`` picks a llamacpp model's
-    (:class:`~genspec.models.llamacpp.Kernels`: exact, whose logits do not depend on the batch, or fast; the
-    torch backend has one kind)."""
+    (:class:`~genspec.models.llamacpp.Kernels`: exact or exact-tiled, whose logits do not depend on the batch, or
+    fast; the torch backend has one kind)."""
     backend = resolve_backend(path, backend, dtype)
     parse_device(device)
     kernels = Kernels.parse(kernels)

@@ -5,9 +5,11 @@ plain decoding's tokens for every model-free drafter, and a seeded sample repeat
 Which models are batch invariant (``batch_invariant``) and which settings exact kernels refuse."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,7 +68,7 @@ def assert_batch_invariant(model, prefixes: list[list[int]], block: list[int]) -
         model.reset(0)
         model.add_rows([prefixes[0]])
         together = model.forward(torch.tensor([block[:k]]))[0]
-        assert torch.equal(together, alone[:k]), f"a {k}-token block's logits differ from one-token steps"
+        assert torch.equal(together, alone[:k]), f"the {k}-token block's logits differ from one-token steps"
     rows = len(prefixes)
     others = [[(token + 7 * row) % 240 + 5 for token in block] for row in range(rows)]
     others[0] = block
@@ -109,34 +111,100 @@ def test_exact_kernels_refuse_what_would_break_them(q8_gguf):
         with pytest.raises(ConfigError, match=words) as error:
             LlamaCppLM(path, tokenizer, context=64, max_rows=1, **options)
         assert "kernels='fast'" in str(error.value) and "\n" not in str(error.value)
-    with pytest.raises(ConfigError, match="choose from: exact, fast"):
+    with pytest.raises(ConfigError, match="choose from: exact, exact-tiled, fast"):
         LlamaCppLM(path, tokenizer, context=64, max_rows=1, kernels="quick")
     fast = LlamaCppLM(path, tokenizer, context=64, max_rows=1, kernels=Kernels.FAST, repack=True)
     assert fast.kv_cache_type is KVCacheType.F16
 
 
 def test_the_first_model_of_a_process_decides_the_tiled_kernels(q8_gguf):
-    """llama.cpp reads GGML_CPU_TILED_MM once per process: an exact model made first turns the tiled kernels off
-    for the process; one made after a fast model warns and is not batch invariant (a fresh process each)."""
+    """llama.cpp reads its tiled-kernel switches once per process: the first model made sets them for its kernels
+    (exact: off, exact-tiled: every batch); one made after another kind warns, and is batch invariant only if
+    the tiling it gets is (a fresh process each)."""
     path, _ = q8_gguf
     script = textwrap.dedent(f"""
-        import os, warnings
+        import warnings
         from genspec.models.llamacpp import LlamaCppLM
         first, second = {{order}}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             a = LlamaCppLM({str(path)!r}, None, context=64, max_rows=1, kernels=first)
             b = LlamaCppLM({str(path)!r}, None, context=64, max_rows=1, kernels=second)
-        print(os.environ.get("GGML_CPU_TILED_MM"), b.batch_invariant, len(caught))
+        print(a.tiling.name, b.tiling.name, b.batch_invariant, len(caught))
     """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGML_CPU_TILED_MM")}
     runs = {}
-    for order in ('"exact", "exact"', '"fast", "exact"'):
+    for order in ('"exact", "exact"', '"exact-tiled", "exact-tiled"', '"fast", "exact"', '"exact-tiled", "exact"'):
         out = subprocess.run([sys.executable, "-c", script.replace("{order}", order)], capture_output=True,
-                             text=True, check=True, env={k: v for k, v in __import__("os").environ.items()
-                                                         if k != "GGML_CPU_TILED_MM"})
+                             text=True, check=True, env=env)
         runs[order] = out.stdout.split()
-    assert runs['"exact", "exact"'] == ["0", "True", "0"]
-    assert runs['"fast", "exact"'] == ["None", "False", "1"]
+    assert runs['"exact", "exact"'] == ["OFF", "OFF", "True", "0"]
+    assert runs['"exact-tiled", "exact-tiled"'] == ["EVERY_BATCH", "EVERY_BATCH", "True", "0"]
+    assert runs['"fast", "exact"'] == ["FROM_8_ROWS", "FROM_8_ROWS", "False", "1"]
+    assert runs['"exact-tiled", "exact"'] == ["EVERY_BATCH", "EVERY_BATCH", "True", "1"]
+
+
+@pytest.fixture(scope="module")
+def kquant_gguf(tmp_path_factory):
+    """A tiny Llama in Q4_K and Q6_K (llama.cpp's quantiser, Q4_K_M), 256 wide so that its K-quant blocks fit:
+    the types llama.cpp's tiled kernels multiply, which the Q8_0 model never reaches."""
+    from genspec.models.llamacpp import GGUFType, derived_gguf
+
+    folder = tmp_path_factory.mktemp("kquant")
+    write_tiny_gguf(folder / "tiny-f32.gguf", seed=0, scale=4.0, hidden=256, context=1024)
+    path = derived_gguf(folder / "tiny-f32.gguf", GGUFType.Q4_K_M, cache=folder)
+    import gguf
+
+    types = {gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(str(path)).tensors
+             if len(t.shape) >= 2}
+    assert {"Q4_K", "Q6_K"} <= types
+    return path
+
+
+#: a fresh process (its own tiled-kernel setting) that checks a K-quant model bitwise; prints the model's
+#: batch_invariant and the first check that failed (or "ok")
+_KQUANT_CHECK = textwrap.dedent("""
+    import sys, warnings
+    import torch
+    warnings.simplefilter("ignore")
+    from test_llamacpp_exact import BLOCK, _prompt, assert_batch_invariant
+    from genspec.drafters.prompt_lookup import PromptLookupDrafter
+    from genspec.engine import SpeculativeEngine
+    from genspec.models.llamacpp import LlamaCppLM
+    model = LlamaCppLM(sys.argv[1], None, context=1024, max_rows=16, threads=2, kernels=sys.argv[2])
+    print(model.tiling.name, model.batch_invariant)
+    try:
+        assert_batch_invariant(model, [_prompt(seed) for seed in range(16)], BLOCK)
+    except AssertionError as error:
+        print(error); sys.exit()
+    prompts = [_prompt(seed, 300) * 2 for seed in range(4)]  # repeats: prompt lookup drafts from it
+    plain = [r.token_ids for r in SpeculativeEngine(model).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())]
+    spec = SpeculativeEngine(model, PromptLookupDrafter()).generate_ids(prompts, max_new_tokens=24, eos_token_ids=(),
+                                                                       num_draft_tokens=4, draft_length="fixed")
+    print("ok" if [r.token_ids for r in spec] == plain and sum(r.stats.accepted_tokens for r in spec) > 0
+          else "speculation changed the output")
+""")
+
+
+@pytest.mark.parametrize("kernels, environment, expected", [
+    ("exact", {}, ["OFF", "True", "ok"]),
+    ("exact-tiled", {}, ["EVERY_BATCH", "True", "ok"]),
+    # the negative control: exact kernels' other settings, tiling from 8 rows (llama.cpp's default)
+    ("exact", {"GGML_CPU_TILED_MM": "1"}, ["FROM_8_ROWS", "False", "the 8-token block's logits differ"]),
+])
+def test_exact_kernels_on_k_quants_with_tiling_off_or_for_every_batch(kquant_gguf, kernels, environment,
+                                                                      expected):
+    """Q4_K / Q6_K weights past 512 cached tokens, bitwise: with the tiled kernels off (exact) or on for every
+    batch (exact-tiled) a position gets one set of logits in blocks of 2..16 tokens and 16 rows batched, and
+    greedy prompt lookup (batch 4) gives plain decoding's tokens; with tiling from 8 rows an 8-token block's
+    logits already differ from one-token steps (a fresh process each: llama.cpp reads the switch once)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGML_CPU_TILED_MM")} | environment
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", _KQUANT_CHECK, str(kquant_gguf), kernels], capture_output=True,
+                         text=True, check=True, env=env, timeout=600)
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split() == expected[:2]
+    assert lines[1].startswith(expected[2]), lines
 
 
 # ---------------------------------------------------------------- speculation on exact kernels

@@ -18,8 +18,8 @@ MODEL_HELP = "local model directory or .gguf file (default: embedded Gemma 3 270
 
 #: what runs a model
 BACKENDS = ["auto", "torch", "llamacpp"]
-#: a llamacpp model's kernels (genspec.Kernels)
-KERNELS = ["exact", "fast"]
+#: a llamacpp model's kernels (genspec.Kernels' values: tests/test_cli_options.py checks they agree)
+KERNELS = ["exact", "exact-tiled", "fast"]
 #: the dtypes a model may run in (float64: exact arithmetic, for the commands that measure laws)
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
 #: the draft length policies
@@ -36,8 +36,9 @@ SHARED: dict[str, tuple[tuple[str, ...], dict]] = {
     "kernels": (("--kernels",), {
         "default": "exact", "choices": KERNELS,
         "help": "a llamacpp target's kernels: exact (default: a row's logits do not depend on the batch, so "
-                "speculation changes no token) or fast (llama.cpp's defaults: a little faster on big batches, "
-                "a greedy token may flip at a near-tie); the torch backend has one kind"}),
+                "speculation changes no token), exact-tiled (exact too, dearer for one row, cheaper for prompts "
+                "and full batches: for a loaded server) or fast (llama.cpp's defaults: a greedy token may flip "
+                "at a near-tie); the torch backend has one kind"}),
     "dtype": (("--dtype",), {"default": "float32", "choices": DTYPES}),
     "drafter": (("--drafter",), {"default": "prompt-lookup"}),
     "draft_model": (("--draft-model",), {"metavar": "PATH", "help": "draft model directory (drafter draft-model)"}),

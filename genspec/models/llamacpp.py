@@ -57,6 +57,35 @@ class KVCacheType(enum.IntEnum):
     BF16 = 30
 
 
+class Tiling(enum.Enum):
+    """llama.cpp's tiled K-quant matrix kernels, one setting per process: llama.cpp reads ``GGML_CPU_TILED_MM``
+    (off when 0) and ``GGML_CPU_TILED_MM_FORCE`` (every batch when 1) once, at the first matrix product.
+
+    ``FROM_8_ROWS`` (llama.cpp's default) tiles products of 8 or more rows and runs one dot product per output
+    element below, so a row's logits move when its batch crosses 8 tokens. ``OFF`` and ``EVERY_BATCH`` each run
+    one kernel for every batch: the untiled one is the cheaper for a batch of one or a few tokens, the tiled one
+    for wide batches and prompts (the manual's Backends page has the costs). Both are batch invariant for the
+    K-quants (measured bitwise on Q4_K and Q6_K: the tiled kernel sums each 256-weight slab in the same order
+    whatever the number of rows) and do not touch the other quantised types."""
+
+    OFF = "off"
+    FROM_8_ROWS = "from 8 rows"
+    EVERY_BATCH = "every batch"
+
+    @classmethod
+    def of_environment(cls) -> Tiling:
+        """The setting llama.cpp reads from this process's environment, as it reads it."""
+        enabled = os.environ.get("GGML_CPU_TILED_MM")
+        forced = os.environ.get("GGML_CPU_TILED_MM_FORCE")
+        if enabled is not None and _atoi(enabled) == 0:
+            return cls.OFF
+        return cls.EVERY_BATCH if forced is not None and _atoi(forced) == 1 else cls.FROM_8_ROWS
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self is not Tiling.FROM_8_ROWS
+
+
 class Kernels(str, enum.Enum):
     """Which of llama.cpp's CPU kernels compute a decode.
 
@@ -64,16 +93,20 @@ class Kernels(str, enum.Enum):
     speculation gives plain greedy decoding's tokens and a seeded sample repeats whatever the draft lengths. It
     runs flash attention over a bfloat16 KV cache (:class:`KVCacheType`), keeps the weights as the file lays them
     out (no repacking: repacked Q4_K rows take a 4-row kernel in groups of 4 and a 1-row one for the rest) and
-    turns llama.cpp's tiled matrix kernels off for the process (``GGML_CPU_TILED_MM=0``: K-quant products of 8 or
-    more rows are tiled, fewer are one dot product per output element). It holds for quantised weights; float
-    weights (F32, F16, BF16) are multiplied by llamafile's kernels from 2 rows on, a stock build's, which sum in
-    another order than the 1-row dot product, so a model holding any is not batch invariant
-    (:attr:`LlamaCppLM.batch_invariant` says which).
+    turns llama.cpp's tiled matrix kernels off for the process (:class:`Tiling`: K-quant products are one dot
+    product per output element). It holds for quantised weights; float weights (F32, F16, BF16) are multiplied by
+    llamafile's kernels from 2 rows on, a stock build's, which sum in another order than the 1-row dot product, so
+    a model holding any is not batch invariant (:attr:`LlamaCppLM.batch_invariant` says which).
 
-    ``fast``: llama.cpp's own defaults (a float16 cache, tiled kernels, repacking if asked): a big block or batch
-    costs a little less, and a greedy token may flip at a near-tie. The manual's Backends page has the costs."""
+    ``exact-tiled``: exact too, with the tiled kernels for every batch (``Tiling.EVERY_BATCH``): dearer for a
+    one-token step, cheaper for prompts and for batches of many rows, so it suits a server that runs full batches.
+
+    ``fast``: llama.cpp's own defaults (a float16 cache, tiled kernels from 8 rows, repacking if asked): a big block
+    or batch costs a little less than exact ones, and a greedy token may flip at a near-tie. The manual's Backends
+    page has the costs."""
 
     EXACT = "exact"
+    EXACT_TILED = "exact-tiled"
     FAST = "fast"
 
     @classmethod
@@ -83,27 +116,37 @@ class Kernels(str, enum.Enum):
         except ValueError:
             raise ConfigError(f"unknown kernels {value!r}; choose from: {', '.join(k.value for k in cls)}") from None
 
+    @property
+    def exact(self) -> bool:
+        return self is not Kernels.FAST
+
+    @property
+    def tiling(self) -> Tiling:
+        """The tiled-kernel setting these kernels ask of the process."""
+        return {Kernels.EXACT: Tiling.OFF, Kernels.EXACT_TILED: Tiling.EVERY_BATCH}.get(self, Tiling.FROM_8_ROWS)
+
 
 #: weight types whose products give each output element one dot product in one order, whatever the number of
-#: rows, once tiled kernels are off (measured bitwise: the manual's Backends page); float weights are not
-#: among them (llamafile's kernels, from 2 rows)
+#: rows, under a batch-invariant :class:`Tiling` (measured bitwise: the manual's Backends page); float weights are
+#: not among them (llamafile's kernels, from 2 rows)
 _INVARIANT_WEIGHT_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
 
-#: whether llama.cpp's tiled matrix kernels are on in this process: it reads ``GGML_CPU_TILED_MM`` once, at the
-#: first matrix product, so the first model made decides (None: no model made yet)
-_TILED_MM_ON: bool | None = None
+#: llama.cpp's tiled-kernel setting in this process, decided by the first model made (None: none made yet)
+_PROCESS_TILING: Tiling | None = None
 
 
-def _tiled_kernels_off(exact: bool) -> bool:
-    """Whether llama.cpp's tiled kernels are off for this process, turning them off first if no model has been
-    made yet and ``exact`` asks for it (a ``GGML_CPU_TILED_MM`` the user set is left as it is)."""
-    global _TILED_MM_ON
-    if _TILED_MM_ON is None:
-        if exact:
+def _process_tiling(wanted: Tiling) -> Tiling:
+    """llama.cpp's tiled-kernel setting for this process: ``wanted`` if no model has been made yet (a variable
+    the user set is left as it is; ``FROM_8_ROWS`` leaves the environment alone), else what the first model
+    made."""
+    global _PROCESS_TILING
+    if _PROCESS_TILING is None:
+        if wanted is Tiling.OFF:
             os.environ.setdefault("GGML_CPU_TILED_MM", "0")
-        setting = os.environ.get("GGML_CPU_TILED_MM")
-        _TILED_MM_ON = setting is None or _atoi(setting) != 0  # llama.cpp's own reading of it
-    return not _TILED_MM_ON
+        elif wanted is Tiling.EVERY_BATCH:
+            os.environ.setdefault("GGML_CPU_TILED_MM_FORCE", "1")
+        _PROCESS_TILING = Tiling.of_environment()
+    return _PROCESS_TILING
 
 
 def _atoi(text: str) -> int:
@@ -165,13 +208,14 @@ class LlamaCppLM(CausalLM):
     ``flash_attention`` turns llama.cpp's fused attention on where the cache is a stream per row (on by
     default; a shared cache runs without it: :meth:`_make_context` says why); ``kv_cache_type`` the KV cache's
     number type (:class:`KVCacheType`; default: bf16 with exact kernels, f16 with fast ones); ``kernels``
-    exact or fast (:class:`Kernels`).
+    exact, exact-tiled or fast (:class:`Kernels`).
 
     :attr:`batch_invariant` is true where the logits are exact: exact kernels, quantised weights, the CPU, a
     cache stream per row (token trees' shared cache runs attention without flash attention, whose products
-    depend on the batch), and llama.cpp's tiled kernels off for the process, which the first model made in a
-    process decides (made with fast kernels, or after llama-cpp-python's own ``Llama`` has decoded, they stay
-    on: set ``GGML_CPU_TILED_MM=0`` before either to keep them off)."""
+    depend on the batch), and llama.cpp's tiled kernels off or on for every batch in the process
+    (:class:`Tiling`), which the first model made in a process decides (made with fast kernels, or after
+    llama-cpp-python's own ``Llama`` has decoded, they run from 8 rows: set ``GGML_CPU_TILED_MM=0`` before
+    either to keep them off)."""
 
     backend = "llamacpp"
     # a block's cost climbs in steps of 4 tokens, in the output layer (with logits at the last position only it is
@@ -184,7 +228,7 @@ class LlamaCppLM(CausalLM):
                  shared_cache: bool = False, kv_cache_type: KVCacheType | None = None,
                  kernels: Kernels | str = Kernels.EXACT):
         self.kernels = Kernels.parse(kernels)
-        exact = self.kernels is Kernels.EXACT
+        exact = self.kernels.exact
         kv_cache_type = KVCacheType(kv_cache_type if kv_cache_type is not None
                                     else KVCacheType.BF16 if exact else KVCacheType.F16)
         if exact and repack:
@@ -197,17 +241,20 @@ class LlamaCppLM(CausalLM):
             raise ConfigError(f"exact kernels need a bf16 KV cache (with {kv_cache_type.name.lower()} a lone "
                               "query past 512 cells splits its attention across threads): use kernels='fast'")
         llama_cpp = _import_llama_cpp()
-        tiling_off = _tiled_kernels_off(exact)  # before any decode of this process: llama.cpp reads it once
-        if exact and not tiling_off:
-            warnings.warn("llama.cpp's tiled kernels were left on by an earlier model in this process (or by "
-                          "GGML_CPU_TILED_MM): this model's logits depend on the batch (batch_invariant is False)",
-                          RuntimeWarning, stacklevel=2)
+        #: llama.cpp's tiled kernels in this process (:class:`Tiling`), set before its first decode
+        self.tiling = _process_tiling(self.kernels.tiling)
+        if exact and self.tiling is not self.kernels.tiling:
+            consequence = ("its logits do not depend on the batch" if self.tiling.batch_invariant
+                           else "this model's logits depend on the batch (batch_invariant is False)")
+            warnings.warn(f"llama.cpp's tiled kernels run {self.tiling.value} in this process, as an earlier model "
+                          f"or GGML_CPU_TILED_MM(_FORCE) set them, not {self.kernels.tiling.value} as "
+                          f"{self.kernels.value} kernels ask: {consequence}", RuntimeWarning, stacklevel=2)
         _quiet_backend(llama_cpp)
         path = Path(path)
         if not path.is_file():
             raise InputFileError(f"no GGUF model at {path}")
         check_complete(path)  # a cut-short file named as such, not by llama.cpp's failure to load it
-        self._invariant_kernels = (exact and tiling_off and str(device) == "cpu" and not _float_weight_types(path))
+        self._invariant_kernels = (exact and self.tiling.batch_invariant and str(device) == "cpu" and not _float_weight_types(path))
         self._llama = llama_cpp
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0 if str(device) == "cpu" else -1
@@ -312,7 +359,7 @@ class LlamaCppLM(CausalLM):
         and every chain is verified. Exact kernels verify chains only (1): in the shared cache llama.cpp puts new
         tokens in the first free cells, so a row's cells leave position order after a rejection and attention
         sums them in another order, and the shared cache runs attention without flash attention."""
-        if self.kernels is Kernels.EXACT:
+        if self.kernels.exact:
             return 1
         if max_candidates > 1 and not self.shared_cache:
             self._make_context(shared=True)
