@@ -119,8 +119,12 @@ def _member(enum, value, what: str, choices: tuple[str, ...]):
         raise ConfigError(f"{what} {value!r}; choose from {', '.join(choices)}") from None
 
 
-def _is_zero(epsilon) -> bool:
-    return bool((torch.as_tensor(epsilon) == 0).all())
+def _is_zero(epsilon: float | torch.Tensor) -> bool:
+    """Whether ``epsilon`` (a number, or one per row) is 0 everywhere; a number is compared as one, without the
+    tensor the per-row case needs (rules are asked this for every request at every step)."""
+    if isinstance(epsilon, torch.Tensor):
+        return bool((epsilon == 0).all())
+    return epsilon == 0
 
 
 STANDARD = Rule()  # the standard, lossless rule of speculative decoding
