@@ -1,8 +1,10 @@
 """Milliseconds per prompt token of LlamaCppLM.add_rows (the engine's admission prefill) under each kernel
-setting, one JSON line: how much of a loaded server's time the exact kernels add at admission. One setting
-per process, because llama.cpp reads its tiled-matmul switch once per process:
+setting, and of a one-token step of 1 and of 16 rows, one JSON line: how much of a loaded server's time each
+kind of kernels costs at admission and per step. One setting per process, because llama.cpp reads its
+tiled-matmul switch once per process:
 
     python benchmarks/costs/prefill_cost.py --kernels exact
+    python benchmarks/costs/prefill_cost.py --kernels exact-tiled
     python benchmarks/costs/prefill_cost.py --kernels fast
 """
 import argparse
@@ -12,10 +14,10 @@ import time
 import torch
 
 from genspec.embedded import default_gguf_path
-from genspec.models.llamacpp import LlamaCppLM
+from genspec.models.llamacpp import Kernels, LlamaCppLM
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--kernels", choices=("exact", "fast"), default="exact")
+ap.add_argument("--kernels", choices=[k.value for k in Kernels], default="exact")
 ap.add_argument("--lengths", default="64,256,512")
 ap.add_argument("--reps", type=int, default=3)
 a = ap.parse_args()
@@ -46,8 +48,9 @@ res = {}
 for rows, n in [(1, int(n)) for n in a.lengths.split(",")] + [(4, 256)]:
     seconds = best_seconds(lambda: fresh_prompts(rows, n), lm.add_rows, a.reps)
     res[f"{rows}x{n} ms/token"] = round(1000 * seconds / (rows * n), 2)
-lm.reset(0); lm.add_rows(prompts(16, 200))
-tokens = torch.randint(1000, 20000, (16, 1), generator=g)
-seconds = best_seconds(lambda: tokens, lambda t: (lm.forward_transient(t), lm.commit_all()), 10)
-res["16x1 decode ms"] = round(1000 * seconds, 1)
+for rows in (1, 16):
+    lm.reset(0); lm.add_rows(prompts(rows, 200))
+    tokens = torch.randint(1000, 20000, (rows, 1), generator=g)
+    seconds = best_seconds(lambda: tokens, lambda t: (lm.forward_transient(t), lm.commit_all()), 10)
+    res[f"{rows}x1 decode ms"] = round(1000 * seconds, 1)
 print(json.dumps({"kernels": a.kernels, **res}), flush=True)

@@ -6,7 +6,8 @@ adds llama.cpp's own C++ ``llama-server`` on the same GGUF file, once per listed
 plain; ``default``: its ``--spec-default``; any model-free ``--spec-type``), with ``-np`` = the largest
 level; it is built from the llama.cpp source that llama-cpp-python vendors on first use
 (``genspec.bench.llama_server``, cached, its build time printed). ``--also-drafters suffix,ngram-cache`` adds a
-genspec server per listed drafter. With ``--held-out`` each level takes
+genspec server per listed drafter; ``--also-kernels exact-tiled`` an "on" and an "off" server per listed kind of
+kernels (``--kernels`` is the others'). With ``--held-out`` each level takes
 prompts of its own that ``genspec bench`` does not measure (each category's third prompt on), the same
 for every server, so no cross-request cache sees a prompt twice; and each server is started for one level
 and stopped after it, one server running at a time. ``--backend ray --replicas 1,2``: for each
@@ -202,6 +203,9 @@ def setups(args) -> list[tuple[str, dict]]:
         modes = {"on": (("--drafter", "prompt-lookup"), {}), "off": (("--drafter", "none"), {})}
         for drafter in args.also_drafters:
             modes[f"genspec {drafter}"] = (("--drafter", drafter), {})
+        for kernels in args.also_kernels:  # a later --kernels overrides the one start_server passes
+            modes[f"on {kernels}"] = (("--drafter", "prompt-lookup", "--kernels", kernels), {})
+            modes[f"off {kernels}"] = (("--drafter", "none", "--kernels", kernels), {})
         if args.versus_llamacpp_server:
             modes["llama.cpp"] = (LLAMACPP_SERVER, {})
         for spec_type in args.llama_server_types:
@@ -315,8 +319,8 @@ def main() -> None:
                         help="requests per concurrency level, setup and mode: one number, or one per level")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-batch-size", type=int, default=16)
-    parser.add_argument("--kernels", choices=["exact", "fast"], default="exact",
-                        help="genspec serve's --kernels (a llamacpp model's: exact, the default, or fast)")
+    parser.add_argument("--kernels", choices=["exact", "exact-tiled", "fast"], default="exact",
+                        help="genspec serve's --kernels (a llamacpp model's: exact, the default, exact-tiled or fast)")
     parser.add_argument("--versus-llamacpp-server", action="store_true",
                         help="--backend local: also measure llama-cpp-python's own OpenAI server on the same GGUF "
                              "(needs the llamacpp-server extra)")
@@ -325,6 +329,8 @@ def main() -> None:
                              f"listed speculation type ({', '.join(SPEC_TYPES)})")
     parser.add_argument("--also-drafters", default="", metavar="NAMES",
                         help="--backend local: more genspec servers, one per listed drafter (e.g. suffix,ngram-cache)")
+    parser.add_argument("--also-kernels", default="", metavar="KINDS",
+                        help="--backend local: an on and an off genspec server per listed kind of kernels")
     parser.add_argument("--held-out", action="store_true",
                         help="prompts genspec bench does not measure, new ones at each level; one server at a time")
     parser.add_argument("--out", default="bench_results/serve_load")
@@ -336,6 +342,7 @@ def main() -> None:
     args.requests = requests * len(levels) if len(requests) == 1 else requests
     args.llama_server_types = [t for t in args.versus_llama_server.split(",") if t]
     args.also_drafters = [d for d in args.also_drafters.split(",") if d]
+    args.also_kernels = [k for k in args.also_kernels.split(",") if k]
     unknown = [t for t in args.llama_server_types if t not in SPEC_TYPES]
     if unknown:
         raise SystemExit(f"--versus-llama-server: unknown type {unknown[0]!r}; choose from {', '.join(SPEC_TYPES)}")
