@@ -36,7 +36,8 @@ from genspec.errors import ConfigError, GenerationError, GenspecError, Numerical
 from genspec.kernels import most_likely
 from genspec.models.base import CausalLM
 # the records are part of the engine's API: ``from genspec.engine import StepRecord`` keeps working
-from genspec.records import RequestResult, RequestStats, RequestStep, StepRecord, visible_text  # noqa: F401
+from genspec.records import (IncrementalText, RequestResult, RequestStats, RequestStep, StepRecord,  # noqa: F401
+                             visible_text)
 from genspec.requests import (Group, Request, by_drafter, check_prompt, encode_prompts, hidden_layers_of,
                               kept_logprobs, own_hidden)
 from genspec.sampling import target_law
@@ -216,15 +217,15 @@ class SpeculativeEngine:
         may interleave on one engine: each reads only its own request's steps, whoever ran them."""
         config = with_overrides(config, overrides)
         request_id = self._add_own([(encode_prompts(self.tokenizer, prompt)[0], config, 0)])[0]
-        tokens, shown, done = [], "", False
+        streamed, shown, done = IncrementalText(self._decode), "", False
         try:
             while not done:
                 if not self._inboxes[request_id]:
                     self.step()
                 for step in self._read(request_id):
-                    tokens += step.new_tokens
+                    streamed.extend(step.new_tokens)
                     done = step.finish_reason is not None
-                text = visible_text(self._decode(tokens), config.stop_strings, done)
+                text = visible_text(streamed.final() if done else streamed.text, config.stop_strings, done)
                 if len(text) > len(shown):
                     yield text[len(shown):]
                     shown = text

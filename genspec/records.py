@@ -2,6 +2,7 @@
 (:class:`RequestStep`) and of the whole batch (:class:`StepRecord`)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from genspec.theory.pareto import StepStatistics
@@ -110,6 +111,51 @@ def visible_text(text: str, stop_strings: tuple[str, ...], finished: bool) -> st
         hold = max((k for s in stop_strings for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
         text = text[:len(text) - hold]
     return text
+
+
+class IncrementalText:
+    """The text of a growing list of generated tokens, decoded a few tokens at a time instead of whole at every
+    step. A token's text depends on the tokens before it (a word piece's leading space, a byte of a multi-byte
+    character), so it is never decoded alone: it is the decode of a short window of the tokens before it and
+    itself, less the decode of that window without it. A token that ends inside a character adds nothing until
+    the character is complete, and the window then moves past it.
+
+    Example, a byte-level vocabulary where "é" is the two tokens 0xC3 0xA9: after "caf" and 0xC3 the text is
+    "caf" (the window [0xC3] decodes to U+FFFD, held back); 0xA9 completes it, the piece is "é" and the text
+    "café"."""
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self._decode = decode
+        self.tokens: list[int] = []
+        #: the text of the tokens up to ``_read``: every complete character so far
+        self.text = ""
+        self._start = 0  # the window's first token: the one after the text before the last piece
+        self._read = 0  # the tokens the text holds
+        self._window: str | None = ""  # the decode of tokens[_start:_read] (None: not decoded yet)
+
+    def extend(self, tokens: list[int]) -> list[str]:
+        """Add ``tokens``; the text each added to :attr:`text` (empty while a character is incomplete)."""
+        pieces = []
+        for token in tokens:
+            self.tokens.append(token)
+            if self._window is None:
+                self._window = self._decode(self.tokens[self._start:self._read])
+            longer = self._decode(self.tokens[self._start:])
+            piece = ""
+            if len(longer) > len(self._window) and not longer.endswith("\ufffd"):
+                piece = longer[len(self._window):]
+                self.text += piece
+                self._start, self._read, self._window = self._read, len(self.tokens), None
+            pieces.append(piece)
+        return pieces
+
+    def final(self) -> str:
+        """The whole text once no token is to come: :attr:`text` and whatever the tokens it holds back decode to
+        (a character cut short shows as U+FFFD, as a decode of every token shows it)."""
+        if self._read == len(self.tokens):
+            return self.text
+        window = self._window if self._window is not None else self._decode(self.tokens[self._start:self._read])
+        return self.text + self._decode(self.tokens[self._start:])[len(window):]
 
 
 @dataclass

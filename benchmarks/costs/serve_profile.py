@@ -9,6 +9,9 @@ the script:
 
     python benchmarks/costs/serve_profile.py --clients 16 --requests 52 -- --drafter none
     python benchmarks/costs/serve_profile.py --clients 1 --requests 13 -- --drafter none --kernels exact-tiled
+
+``--rate 0`` runs the same clients without sampling (the throughput alone): with ``PYTHONPATH`` pointing at
+another checkout's tree, the server runs that code, which compares two commits on one load.
 """
 from __future__ import annotations
 
@@ -48,7 +51,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=52)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--skip", type=int, default=0, help="held-out prompts to pass over first (another slice)")
-    ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    ap.add_argument("--rate", type=int, default=100,
+                    help="py-spy samples per second (0: no sampling, the throughput alone)")
     ap.add_argument("--frames", type=int, default=0,
                     help="also list the N genspec frames the engine's own Python was sampled in most")
     ap.add_argument("flags", nargs="*", help="genspec serve's flags, after --")
@@ -64,25 +68,27 @@ def main() -> None:
             raw = Path(folder) / "samples.txt"
             spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--format", "raw", "--rate",
                                     str(a.rate), "--nonblocking", "--output", str(raw)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if a.rate else None
             result = serve_load.run_level(url, prompts, a.clients, a.requests, a.max_tokens, {})
-            spy.send_signal(2)  # py-spy writes its samples on SIGINT
-            spy.wait(timeout=60)
+            if spy is not None:
+                spy.send_signal(2)  # py-spy writes its samples on SIGINT
+                spy.wait(timeout=60)
             counts, frames = Counter(), Counter()
-            for line in raw.read_text().splitlines():
+            for line in raw.read_text().splitlines() if spy is not None else ():
                 stack, _, count = line.rpartition(" ")
                 counts[part(stack)] += int(count)
                 if part(stack) == "engine python":
                     frames[[f for f in stack.split(";") if "genspec/" in f][-1]] += int(count)
     finally:
         serve_load.stop_servers([server])
-    total = sum(counts[p] for p in PARTS) or 1
-    print(json.dumps({"flags": a.flags, "clients": a.clients, "requests": a.requests,
-                      "tokens_per_s": round(result["tokens_per_s"], 1), "failed": result["failed"],
-                      "samples": total, "waiting samples": counts["waiting"],
-                      "share": {p: round(counts[p] / total, 3) for p in PARTS},
-                      **({"engine python frames": dict(frames.most_common(a.frames))} if a.frames else {})}),
-          flush=True)
+    out = {"flags": a.flags, "clients": a.clients, "requests": a.requests,
+           "tokens_per_s": round(result["tokens_per_s"], 1), "failed": result["failed"]}
+    if a.rate:
+        total = sum(counts[p] for p in PARTS) or 1
+        out |= {"samples": total, "waiting samples": counts["waiting"],
+                "share": {p: round(counts[p] / total, 3) for p in PARTS},
+                **({"engine python frames": dict(frames.most_common(a.frames))} if a.frames else {})}
+    print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from genspec.config import GenerationConfig
-from genspec.records import RequestStats, RequestStep, TokenLogprob, visible_text
+from genspec.records import IncrementalText, RequestStats, RequestStep, TokenLogprob, visible_text
 from genspec.errors import GenspecError
 from genspec.serve import requests
 from genspec.serve.errors import ended_early
@@ -146,15 +146,6 @@ class Service:
         """The choice's text so far as a client may see it (CPU work: call it in the thread pool)."""
         return visible_text(self.decode(choice.tokens), stops, choice.finish_reason is not None)
 
-    def pieces(self, before: list[int], new: list[int], accepted: int) -> list[list]:
-        """``[text, drafted]`` per new token (the playground colours accepted draft tokens)."""
-        out, previous = [], self.decode(before)
-        for j, token in enumerate(new):
-            text = self.decode(before + new[:j + 1])
-            out.append([text[len(previous):], j < accepted])
-            previous = text
-        return out
-
     def token_texts(self, tokens: list[int]) -> list[str]:
         """Each token's own text (special tokens included), as log-probabilities name them; a token that is
         part of a character (a byte of a multi-byte one) by its vocabulary entry, which tells it apart."""
@@ -168,7 +159,7 @@ class Service:
         ``start``: where the first token's text starts (OpenAI's ``text_offset``). CPU work: call it in the
         thread pool."""
         tokens = [lp.token for lp in logprobs]
-        pieces = [text for text, _ in self.pieces([], tokens, 0)]
+        pieces = IncrementalText(self.decode).extend(tokens)
         offsets, at = [], start
         for piece in pieces:
             offsets.append(at)
@@ -274,6 +265,7 @@ class Service:
                             "choices": [{"index": c.index, "text": echoed[c.index // body.n], "logprobs": None,
                                          "finish_reason": None}]})
             pending = [first] if first is not None else []
+            texts = [IncrementalText(self.decode) for _ in choices]
             try:
                 while True:
                     item = pending.pop() if pending else await anext(steps, None)
@@ -281,15 +273,18 @@ class Service:
                         break
                     index, step = item
                     choice = choices[index]
-                    before = list(choice.tokens)
+                    before = len(choice.tokens)
                     self.apply(choice, step, started)
                     if (error := ended_early(choice.finish_reason, choice.error)) is not None:
                         yield _sse(error.body())
                         return
-                    text, pieces = await run_in_threadpool(
-                        lambda: (self.visible(choice, stops), self.pieces(before, step.new_tokens, step.accepted)))
+                    # a few short windows decoded per new token: cheap enough for the event loop itself
+                    streamed = texts[index]
+                    pieces = [[piece, j < step.accepted] for j, piece in enumerate(streamed.extend(step.new_tokens))]
+                    done = choice.finish_reason is not None
+                    text = visible_text(streamed.final() if done else streamed.text, stops, done)
                     logprobs = (await run_in_threadpool(self.logprobs_of, step.logprobs or [], chat,
-                                                        len(self.decode(before)))
+                                                        len(self.decode(choice.tokens[:before])))
                                 if logprobs_asked else None)
                     delta, choice.sent = text[len(choice.sent):], text
                     reason = _openai_reason(choice.finish_reason)
