@@ -76,8 +76,9 @@ def main() -> None:
             counts, frames = Counter(), Counter()
             for line in raw.read_text().splitlines() if spy is not None else ():
                 stack, _, count = line.rpartition(" ")
-                counts[part(stack)] += int(count)
-                if part(stack) == "engine python":
+                where = part(stack)
+                counts[where] += int(count)
+                if where == "engine python":
                     frames[[f for f in stack.split(";") if "genspec/" in f][-1]] += int(count)
     finally:
         serve_load.stop_servers([server])
