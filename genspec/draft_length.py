@@ -132,6 +132,8 @@ class CostModel:
         self._explore_wait: dict[int, int] = {}  # batch -> plans since the last exploration
         self._curves: dict[int, dict[int, float]] = {}  # batch -> _widths(batch), until an observation
         self._tokens: dict[int, float] | None = None  # the token curve (:meth:`token_curve`), until an observation
+        # (shapes, batch) -> shapes_relative, until an observation: a plan prices the same steps many times
+        self._steps: dict[tuple[tuple[tuple[int, int], ...], int], float] = {}
 
     def widest(self, batch: int = 1) -> int:
         """The widest block measured for ``batch`` rows (0: none)."""
@@ -182,6 +184,7 @@ class CostModel:
 
     def observe_verify(self, width: int, seconds: float, batch: int = 1) -> None:
         self._priced.clear()
+        self._steps.clear()
         self._guessed.clear()
         self._curves.clear()
         self._tokens = None
@@ -216,6 +219,7 @@ class CostModel:
             return
         value, old = seconds / sum(costs), self.split_factor.get(batch)
         self.split_factor[batch] = value if old is None else self.decay * old + (1 - self.decay) * value
+        self._steps.clear()
 
     def _widths(self, batch: int) -> dict[int, float]:
         """The measured widths of ``batch`` rows, each at most what any wider block of them cost: timing
@@ -296,6 +300,12 @@ class CostModel:
         blocks' verify costs, times what such steps were seen to cost over that sum (:meth:`observe_split`). One
         block of all the rows is :meth:`relative` of its width; where a block's cost or the plain step is unknown,
         the step is priced as its rows padded to the widest."""
+        key = (tuple(shapes), batch)
+        if key not in self._steps:
+            self._steps[key] = self._shapes_relative(shapes, batch)
+        return self._steps[key]
+
+    def _shapes_relative(self, shapes: list[tuple[int, int]], batch: int) -> float:
         if len(shapes) == 1 and shapes[0][0] == batch:
             return self.relative(shapes[0][1], batch)
         plain = self.verify_cost(1, batch)
@@ -731,32 +741,33 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
             gains[(i, k)] = rows[i].policy.expected_tokens(k, rows[i].evidence) - 1.0
         return gains[(i, k)]
 
-    def blocks(lengths: list[int]) -> list[tuple[int, int]]:
-        return shapes([1 + r.width(k) for r, k in zip(rows, lengths)])
+    def row_widths(lengths: list[int]) -> list[int]:  # each row's tokens in the verify block
+        return [1 + r.width(k) for r, k in zip(rows, lengths)]
 
-    def estimated(lengths: list[int]) -> float:
-        return costs.shapes_relative(blocks(lengths), batch)
+    def estimated(widths: list[int]) -> float:
+        return costs.shapes_relative(shapes(widths), batch)
 
-    def unmeasured(lengths: list[int]) -> bool:  # a block priced by extrapolation
-        return any(costs.extrapolated(tokens, count) for count, tokens in blocks(lengths))
+    def unmeasured(widths: list[int]) -> bool:  # a block priced by extrapolation
+        return any(costs.extrapolated(tokens, count) for count, tokens in shapes(widths))
 
-    def optimistic(lengths: list[int]) -> float:  # unmeasured wider blocks at the growth prior's cost, if lower
-        if not unmeasured(lengths):
-            return estimated(lengths)
-        return min(estimated(lengths), costs.prior_relative(block_width(lengths)))
+    def optimistic(widths: list[int]) -> float:  # unmeasured wider blocks at the growth prior's cost, if lower
+        if not unmeasured(widths):
+            return estimated(widths)
+        return min(estimated(widths), costs.prior_relative(max(widths)))
 
-    def rate(lengths: list[int], relative=estimated) -> float:
-        tokens = batch + sum(gain(i, k) for i, k in enumerate(lengths) if k and rows[i].policy is not None)
+    def tokens(lengths: list[int]) -> float:  # expected tokens of the step
+        return batch + sum(gain(i, k) for i, k in enumerate(lengths) if k and rows[i].policy is not None)
+
+    def draft_steps(lengths: list[int]) -> float:  # the costly drafters' time, in plain steps
         longest: dict[int, tuple[DraftCost, int]] = {}
         for r, k in zip(rows, lengths):
             if r.draft_cost is not None and k:
                 cost, most = longest.get(id(r.draft_cost), (r.draft_cost, 0))
                 longest[id(r.draft_cost)] = (cost, max(most, k))
-        draft_steps = sum(c.draft_steps(step, k) for c, k in longest.values())
-        return tokens / (relative(lengths) + draft_steps)
+        return sum(c.draft_steps(step, k) for c, k in longest.values())
 
-    def block_width(lengths: list[int]) -> int:
-        return 1 + max(r.width(k) for r, k in zip(rows, lengths))
+    def rate(lengths: list[int], relative=estimated) -> float:
+        return tokens(lengths) / (relative(row_widths(lengths)) + draft_steps(lengths))
 
     best, best_rate = list(ks), rate(ks) * (MARGIN if not any(ks) else 1.0)
     top = 1 + max(min(rows[i].cap, rows[i].policy.k_max) for i in costed)
@@ -775,13 +786,17 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
                 trial[i] = lengths[i]
             current = rate(trial, relative)
         else:  # each row's tokens cost their own: the likeliest to gain first, as many as give the best rate
-            trial, current = list(ks), rate(ks, relative)
+            # (the free rows' drafting costs nothing, so only the block and the expected tokens change as rows
+            # are added: both kept up to date row by row)
+            widths, expected, drafting = row_widths(ks), tokens(ks), draft_steps(ks)
+            trial, current = list(ks), expected / (relative(widths) + drafting)
             candidate, order = list(ks), sorted(free, key=lambda i: gain(i, lengths[i]), reverse=True)
             for n, i in enumerate(order):
-                candidate[i] = lengths[i]
+                candidate[i], widths[i] = lengths[i], 1 + rows[i].width(lengths[i])
+                expected += gain(i, lengths[i]) if lengths[i] else 0.0
                 if n + 1 < len(order) and gain(order[n + 1], lengths[order[n + 1]]) == gain(i, lengths[i]):
                     continue  # rows that gain alike are taken together (one rate per evidence level, not per row)
-                value = rate(candidate, relative)
+                value = expected / (relative(widths) + drafting)
                 if value >= current:
                     trial, current = list(candidate), value
         for group in by_drafter.values():  # a costly drafter drafts for its rows, or not at all
@@ -799,17 +814,17 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
         if current > best_rate:
             best, best_rate = trial, current
         deepest = [min(depth, rows[i].cap, rows[i].policy.k_max) if i in costed else k for i, k in enumerate(ks)]
-        if unmeasured(deepest):  # (no block this deep is wider than one measured: nothing to explore)
+        if unmeasured(row_widths(deepest)):  # (no block this deep is wider than one measured: nothing to explore)
             trial, current = fill(depth, optimistic)
-            if unmeasured(trial):
+            if unmeasured(row_widths(trial)):
                 candidates.append((trial, current))
     # explore the widest block that could win: once it is measured, every narrower width is interpolated,
     # so an engine explores about once per batch size (exploring the best-looking width instead measured
     # one width more each time, 4, 5, 6, ... 9: six failed drafts of 4 to 8 tokens over the first
     # requests at T 0.7, each costing 1.5-2 plain steps)
     winners = [trial for trial, current in candidates if current > best_rate]
-    if winners and not unmeasured(best) and costs.explore_due(batch):  # (a best that is unmeasured explores)
-        return max(winners, key=block_width)
+    if winners and not unmeasured(row_widths(best)) and costs.explore_due(batch):  # (an unmeasured best explores)
+        return max(winners, key=lambda lengths: max(row_widths(lengths)))
     return best
 
 

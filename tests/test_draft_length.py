@@ -438,6 +438,17 @@ def test_split_steps_are_priced_at_what_they_were_seen_to_cost_over_their_blocks
     assert costs.shapes_relative(shapes, 16) == pytest.approx(1.5 * (0.09 + 0.08) / 0.09)
     costs.observe_split([(16, 1)], 1.0, 16)  # one block is no split step: nothing learned
     assert costs.split_factor == {16: pytest.approx(1.5)}
+    costs.observe_verify(1, 0.18, 16)  # a dearer plain step: the step's price in plain steps is priced anew
+    plain = costs.verify_cost(1, 16)
+    assert costs.shapes_relative(shapes, 16) == pytest.approx(1.5 * (plain + 0.08) / plain)
+
+
+def test_equal_split_gives_a_list_of_its_own_each_call():
+    """Splits are remembered (a plan asks for the same ones many times): a caller's change to one it was given
+    does not reach the next caller."""
+    first = equal_split([3, 1], sequences=[4, 5])
+    first.append((9, 9))
+    assert equal_split([3, 1], sequences=[4, 5]) == [(2, 1), (1, 2)]
 
 
 def test_an_unpadded_step_that_explores_a_block_measures_it():

@@ -8,6 +8,7 @@ stays. Rows are independent: each has its own length.
 """
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -52,24 +53,31 @@ def equal_split(widths: list[int], sequences: list[int] | None = None) -> list[t
     ``[5, 2, 1, 1]`` runs as 4 rows x 1 token, then 2 rows x 1, then 1 row x 3; ``[5, 1, 5]`` as 3 x 1, then
     1 x 4 twice (the middle row ran out, so the outer two are no run); rows of 1 token on sequences 0, 1, 3 as
     2 x 1 and 1 x 1 (sequence 2 is missing)."""
-    order = sorted(range(len(widths)), key=(lambda r: sequences[r]) if sequences is not None else None)
-    ids = [sequences[r] for r in order] if sequences is not None else order
-    left = [widths[r] for r in order]
-    shapes = []
+    return list(_equal_split(tuple(widths), tuple(sequences) if sequences is not None else None))
+
+
+@functools.lru_cache(maxsize=4096)
+def _equal_split(widths: tuple[int, ...], sequences: tuple[int, ...] | None) -> tuple[tuple[int, int], ...]:
+    """:func:`equal_split` on tuples, remembered: a draft-length plan prices a hundred or so candidate steps a
+    batch step, most of them the same widths on the same sequences as in the steps before."""
+    if sequences is None:
+        ids, left = range(len(widths)), list(widths)
+    else:
+        order = sorted(range(len(widths)), key=sequences.__getitem__)
+        ids, left = [sequences[r] for r in order], [widths[r] for r in order]
+    shapes, first, count = [], 0, len(left)
     while True:
-        first = next((i for i, n in enumerate(left) if n > 0), None)
-        if first is None:
-            return shapes
-        run = [first]
-        for i in range(first + 1, len(left)):
-            if left[i] > 0:
-                if ids[i] != ids[run[-1]] + 1:
-                    break
-                run.append(i)
-        take = min(left[i] for i in run)
-        for i in run:
+        while first < count and left[first] <= 0:  # rows before ``first`` have no tokens left
+            first += 1
+        if first == count:
+            return tuple(shapes)
+        end, take = first + 1, left[first]
+        while end < count and left[end] > 0 and ids[end] == ids[end - 1] + 1:
+            take = min(take, left[end])
+            end += 1
+        for i in range(first, end):
             left[i] -= take
-        shapes.append((len(run), take))
+        shapes.append((end - first, take))
 
 
 class CausalLM(ABC):
