@@ -748,7 +748,7 @@ def plan(rows: list[RowPlan], costs: CostModel, shapes: Callable[[list[int]], li
         return costs.shapes_relative(shapes(widths), batch)
 
     def unmeasured(widths: list[int]) -> bool:  # a block priced by extrapolation
-        return any(costs.extrapolated(tokens, count) for count, tokens in shapes(widths))
+        return any(costs.extrapolated(width, count) for count, width in shapes(widths))
 
     def optimistic(widths: list[int]) -> float:  # unmeasured wider blocks at the growth prior's cost, if lower
         if not unmeasured(widths):
