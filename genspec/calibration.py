@@ -375,6 +375,16 @@ def most_frequent_tokens(counts: Counter, size: int, always: Iterable[int] = ())
 #: the block widths timed per batch size where a target's cost is smooth in the width (the cost model
 #: interpolates between them)
 GRID_WIDTHS = (1, 2, 3, 5, 9)
+#: the batch sizes ``genspec serve`` times at start, up to its largest batch (:func:`served_batches`)
+SERVED_BATCHES = (1, 2, 4, 8, 16)
+
+
+def served_batches(largest: int) -> list[int]:
+    """The batch sizes a server whose batch holds up to ``largest`` rows times at start: those of
+    ``SERVED_BATCHES`` below it, and ``largest`` itself (``served_batches(12)``: 1, 2, 4, 8, 12)."""
+    return sorted({*SERVED_BATCHES, largest} & set(range(1, largest + 1)))
+
+
 #: where it is not (:attr:`CausalLM.uneven_verify_cost`): every width up to the engine's deepest draft + 1 at one
 #: row, up to this many at more rows (wider blocks of several rows are rare, and learned as the engine runs)
 UNEVEN_BATCH_WIDTHS = 9

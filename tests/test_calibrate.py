@@ -89,3 +89,12 @@ def test_calibrate_engine_times_every_width_of_an_uneven_target_and_the_grid_of_
     finally:
         del tiny_target.uneven_verify_cost
     assert tiny_target.num_rows == 0
+
+
+def test_a_server_times_the_usual_batch_sizes_up_to_its_largest_and_the_largest():
+    from genspec.calibration import served_batches
+
+    assert served_batches(12) == [1, 2, 4, 8, 12]
+    assert served_batches(16) == [1, 2, 4, 8, 16]
+    assert served_batches(3) == [1, 2, 3]
+    assert served_batches(1) == [1]

@@ -22,7 +22,7 @@ import statistics
 
 import genspec
 from genspec.bench.prompts import load_spec_bench
-from genspec.calibration import calibrate_engine
+from genspec.calibration import calibrate_engine, served_batches
 from genspec.engine import GenerationConfig
 
 
@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     engine = genspec.load(drafter="prompt-lookup", max_batch_size=max(rows), backend="llamacpp", measure_costs=False)
-    calibrate_engine(engine, batches=sorted({b for b in (1, 2, 4, 8, 16) if b <= max(rows)} | set(rows)))
+    calibrate_engine(engine, batches=sorted(set(served_batches(max(rows))) | set(rows)))
     tokenizer = engine.tokenizer
     prompts = [tokenizer.encode(f"Question: {p.text}\nAnswer:") for p in load_spec_bench(skip=2, per_category=2)]
     prompts = [p for p in prompts if len(p) < 1500]

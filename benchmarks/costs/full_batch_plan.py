@@ -16,7 +16,7 @@ from collections import Counter
 
 import genspec
 from genspec.bench.prompts import load_spec_bench
-from genspec.calibration import calibrate_engine
+from genspec.calibration import calibrate_engine, served_batches
 from genspec.engine import GenerationConfig
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--drafter", default="prompt-lookup")
     args = parser.parse_args()
     engine = genspec.load(drafter=args.drafter, max_batch_size=args.rows, backend="llamacpp", measure_costs=False)
-    calibrate_engine(engine, batches=sorted({1, 2, 4, 8, 16, args.rows} & set(range(1, args.rows + 1))))
+    calibrate_engine(engine, batches=served_batches(args.rows))
     prompts = [engine.tokenizer.encode(f"Question: {p.text}\nAnswer:") for p in load_spec_bench(skip=2, per_category=6)]
     queue = iter([p for p in prompts if len(p) < 1500] * 5)
     config = GenerationConfig(max_new_tokens=128, eos_token_ids=())

@@ -20,7 +20,7 @@ import time
 
 import genspec
 from genspec.bench.prompts import load_spec_bench, round_robin
-from genspec.calibration import calibrate_engine
+from genspec.calibration import calibrate_engine, served_batches
 from genspec.engine import GenerationConfig
 
 
@@ -69,7 +69,7 @@ def main() -> None:
     engine = genspec.load(drafter="prompt-lookup", max_batch_size=args.rows, backend="llamacpp",
                           measure_costs=args.calibrate == "load")
     if args.calibrate == "serve":
-        calibrate_engine(engine, batches=sorted({1, 2, 4, 8, 16, args.rows} & set(range(1, args.rows + 1))))
+        calibrate_engine(engine, batches=served_batches(args.rows))
     prompts = [engine.tokenizer.encode(f"Question: {p}\nAnswer:") for p in held_out(args.requests)]
     print(f"| drafter | tok/s | drafted | accepted | {args.rows}-row steps that drafted | their tok/s | "
           f"{args.rows}-row steps that did not | their tok/s |")

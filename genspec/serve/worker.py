@@ -35,16 +35,14 @@ def load_engine(settings: ServerSettings, progress: Callable[[str], None] | None
     and with ``measure_costs`` its verify costs measured for batch sizes up to ``max_batch_size``
     (``progress`` sees what is being measured)."""
     import genspec
-    from genspec.calibration import calibrate_engine
+    from genspec.calibration import calibrate_engine, served_batches
 
     engine = genspec.load(settings.model, drafter=settings.drafter, draft_model=settings.draft_model,
                           dtype=settings.dtype, extra_drafters=settings.extra_drafters,
                           max_batch_size=settings.max_batch_size, backend=settings.model_backend,
                           kernels=settings.kernels, measure_costs=False, **settings.drafter_options)
     if settings.measure_costs:
-        most = settings.max_batch_size
-        batches = sorted({1, 2, 4, 8, 16, most} & set(range(1, most + 1)))
-        calibrate_engine(engine, batches=batches, progress=progress)
+        calibrate_engine(engine, batches=served_batches(settings.max_batch_size), progress=progress)
     return engine
 
 
