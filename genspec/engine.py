@@ -39,7 +39,7 @@ from genspec.models.base import CausalLM
 from genspec.records import (IncrementalText, RequestResult, RequestStats, RequestStep, StepRecord,  # noqa: F401
                              visible_text)
 from genspec.requests import (Group, Request, by_drafter, check_prompt, encode_prompts, hidden_layers_of,
-                              kept_logprobs, own_hidden)
+                              kept_logprobs, own_hidden, prompt_states_of)
 from genspec.sampling import target_law
 from genspec.theory.pareto import chain_step_statistics
 
@@ -278,10 +278,11 @@ class SpeculativeEngine:
             return
         started = time.perf_counter()
         layers = hidden_layers_of(joining)
-        hidden = self.target.add_rows([r.prompt[:-1] for r in joining],
-                                      return_hidden=any(r.reads_hidden for r in joining), hidden_layers=layers)
+        hidden = self.target.add_rows([r.prompt[:-1] for r in joining], return_hidden=any(r.reads_hidden for r in joining),
+                                      hidden_layers=layers, hidden_last=prompt_states_of(joining))
         self.costs.observe_prefill(sum(len(r.prompt) - 1 for r in joining), time.perf_counter() - started)
-        hidden_of = ({r.id: own_hidden(h, layers, r.hidden_layers) for r, h in zip(joining, hidden)}
+        hidden_of = ({r.id: own_hidden(h if r.prompt_states is None else h[max(len(h) - r.prompt_states, 0):],
+                                       layers, r.hidden_layers) for r, h in zip(joining, hidden)}
                      if hidden is not None else {})
         for drafter, requests in by_drafter(joining):
             drafter.start([RequestContext(r.id, list(r.prompt), r.sampling, r.random.draft_generator,

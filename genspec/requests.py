@@ -54,6 +54,7 @@ class Request:
         self.started_at = 0.0
         self.reads_hidden = drafter is not None and capabilities.reads_target_hidden
         self.hidden_layers = capabilities.target_hidden_layers if self.reads_hidden else ()  # beyond the final states
+        self.prompt_states = capabilities.prompt_states if self.reads_hidden else None  # how many of the prompt's last states it reads (None: all)
         self.coupled = config.acceptance_rule.kind is RuleKind.COUPLED and not self.sampling.greedy  # the coupled rule verifies it
         rule = config.acceptance_rule
         self.rule = Rule(delta=rule.delta) if rule.lossless else rule  # its row of its group's rule (group_rule)
@@ -154,6 +155,12 @@ def by_drafter(requests: list[Request]) -> list[tuple[Drafter, list[Request]]]:
 def hidden_layers_of(requests: list[Request]) -> tuple[int, ...]:
     """The target layers whose states some of these requests' drafters read with the final ones."""
     return tuple(sorted({layer for r in requests for layer in r.hidden_layers}))
+
+
+def prompt_states_of(requests: list[Request]) -> int | None:
+    """How many of their prompts' last states these requests' drafters read: the most any reads (None: all)."""
+    wanted = [r.prompt_states for r in requests if r.reads_hidden]
+    return None if not wanted or None in wanted else max(wanted)
 
 
 def own_hidden(hidden: torch.Tensor, layers: tuple[int, ...], own: tuple[int, ...]) -> torch.Tensor:

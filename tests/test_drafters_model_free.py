@@ -185,7 +185,7 @@ class CopyModel(CausalLM):
         self._rows = list(range(batch_size))  # the document of each row
         self._added = batch_size
 
-    def add_rows(self, prefixes, return_hidden=False, hidden_layers=()):  # rows take the documents in the order they join
+    def add_rows(self, prefixes, return_hidden=False, hidden_layers=(), hidden_last=None):  # rows take the documents in the order they join
         if return_hidden:
             raise ConfigError("CopyModel has no hidden states")
         self._rows += [(self._added + i) % len(self.documents) for i in range(len(prefixes))]

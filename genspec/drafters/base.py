@@ -174,7 +174,7 @@ class RequestContext:
     whatever else is in the batch); ``options`` are per-request drafter options, among the drafter's
     :attr:`DrafterCapabilities.request_options`. ``hidden``: for a drafter that :attr:`~DrafterCapabilities.reads_target_hidden`,
     the target's hidden states (its LM head's inputs) of every prompt token but the last,
-    ``[len(prompt) - 1, H]`` (followed by those of its :attr:`~DrafterCapabilities.target_hidden_layers`: ``[..., H * (1 +
+    ``[len(prompt) - 1, H]``, or of the last :attr:`~DrafterCapabilities.prompt_states` of them where it says so (followed by those of its :attr:`~DrafterCapabilities.target_hidden_layers`: ``[..., H * (1 +
     len(layers))]``); None for the others. ``noise``: for a request verified by the coupled rule,
     its per-position noise; a drafter that samples draws its token at output position t (``len(sequence)
     - len(prompt)``) from it (:func:`draw_tokens` does), so that draft and target are coupled. None for
@@ -444,7 +444,9 @@ class DrafterCapabilities:
     - ``reads_target_hidden``: it reads the target's hidden states (EAGLE-style heads): the engine asks the
       target for them and hands them over in :attr:`RequestContext.hidden` and :attr:`DraftRequest.hidden`;
       ``target_hidden_layers``: those states also hold the outputs of these target layers (1 <= l < its layer
-      count, after the final states along the last axis: EAGLE-3's fused features; see :meth:`CausalLM.forward`).
+      count, after the final states along the last axis: EAGLE-3's fused features; see :meth:`CausalLM.forward`);
+      ``prompt_states``: how many of the prompt's last states it reads when a request joins (None: all). A target
+      on the llamacpp backend runs its output layer for every state it gives, so a drafter that reads few says so.
     - ``samples_drafts``: for a sampled request it draws its drafts from a law it hands to the verifier (a
       draft model, a head's chain), with :func:`draw_tokens`. Under the standard rule a seeded request's
       tokens then depend on where its drafts stop, so the engine verifies seeded requests of such a drafter
@@ -467,6 +469,7 @@ class DrafterCapabilities:
     request_options: tuple[Option, ...] = ()
     reads_target_hidden: bool = False
     target_hidden_layers: tuple[int, ...] = ()
+    prompt_states: int | None = None
     samples_drafts: bool = False
     early_exit: bool = False
     reads_block_predictions: bool = False
@@ -483,6 +486,8 @@ class DrafterCapabilities:
         object.__setattr__(self, "request_options",
                            tuple(Option(o) if isinstance(o, str) else o for o in self.request_options))
         object.__setattr__(self, "target_hidden_layers", tuple(self.target_hidden_layers))
+        if self.prompt_states is not None and (int(self.prompt_states) != self.prompt_states or self.prompt_states < 1):
+            raise ConfigError(f"prompt_states must be None or an integer >= 1, got {self.prompt_states}")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import torch
 from genspec.drafters.base import (MAX_CANDIDATES, Draft, Drafter, DrafterCapabilities, DraftRequest, Option,
                                    RequestContext)
 from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TRAINED_PATH, TREE_NODES, TREE_TOP_K, TreeNode, ancestors,
-                                      best_paths, chains_draft, draw, load_for_target, tree_block)
+                                      best_paths, chains_draft, draw, load_for_target, require_hidden_states,
+                                      tree_block)
 from genspec.drafters.layer_states import LayerStates
 from genspec.errors import ConfigError
 from genspec.models.hf import transpose_linears
@@ -29,13 +30,15 @@ from genspec.speculators.head import DraftHead
 
 
 class _Row:
-    """One request: its context, the target's features by position, the states of its tokens (a head with
-    ``token_layers``), the head's cache of committed pairs."""
+    """One request: its context, the target's features by position from ``first`` on (the prompt's last ones when
+    the drafter reads only those: ``prompt_states``), the states of its tokens (a head with ``token_layers``), the
+    head's cache of committed pairs from position ``first`` on."""
 
     def __init__(self, context: RequestContext, hidden_size: int, feature_width: int, empty: torch.Tensor):
         self.context = context
         self.features = (context.hidden if context.hidden is not None
                          else torch.zeros(0, feature_width, dtype=empty.dtype, device=empty.device))
+        self.first = max(len(context.prompt) - 1 - len(self.features), 0)
         self.states = torch.zeros(0, hidden_size, dtype=empty.dtype, device=empty.device)
         self.keys, self.values = empty, empty  # [layers, kv_heads, cached pairs, head_dim]
         self.root: torch.Tensor | None = None  # the head's feature after the last committed pair: drafts start there
@@ -44,6 +47,12 @@ class _Row:
     @property
     def cached(self) -> int:
         return int(self.keys.shape[2])
+
+    @property
+    def known(self) -> int:
+        """The position after the last feature held: every committed token's but the last when it is the
+        sequence's length - 1."""
+        return self.first + len(self.features)
 
 
 #: the head drafts a tree of this many nodes unless told otherwise (``tree_nodes=0``: a chain). Where a
@@ -63,6 +72,13 @@ DEFAULT_TREE_FIRST = 0
 DEFAULT_FIRST_THRESHOLD = 0.1
 #: the tokens each tree node is expanded into by default
 DEFAULT_TREE_TOP_K = 4
+#: the head reads the target's features of the prompt's last this many tokens (None: all of them), so its
+#: attention over the prompt starts there. A target on llama.cpp runs its output layer for every feature it
+#: gives, which for a long prompt costs more than the prefill itself; the shipped head, a single layer, drafts
+#: about as well from the last few features as from all of them (the manual's Trained heads page).
+DEFAULT_PROMPT_STATES: int | None = 4
+#: the most prompt states the option takes
+MAX_PROMPT_STATES = 1 << 20
 
 
 class HeadDrafter(Drafter):
@@ -85,15 +101,17 @@ class HeadDrafter(Drafter):
     name = "head"
     capabilities = DrafterCapabilities(reads_target_hidden=True, draft_cost_prior=FEATURE_HEAD_COST_PRIOR)
     options = (TRAINED_PATH, TREE_NODES, TREE_TOP_K, Option("tree_first", int, 0, MAX_CANDIDATES),
-               Option("first_threshold", (float, None), 0.0, 1.0, high_open=True))
+               Option("first_threshold", (float, None), 0.0, 1.0, high_open=True),
+               Option("prompt_states", (int, None), 1, MAX_PROMPT_STATES))
 
     def __init__(self, target, head: DraftHead, vocab_ids: list[int], tree_nodes: int = DEFAULT_TREE_NODES,
                  tree_top_k: int = DEFAULT_TREE_TOP_K, tree_first: int = DEFAULT_TREE_FIRST, first_threshold: float = 0.0,
-                 fast_kernels: bool = True):
+                 prompt_states: int | None = DEFAULT_PROMPT_STATES, fast_kernels: bool = True):
         self.check_options({"tree_nodes": tree_nodes, "tree_top_k": tree_top_k, "tree_first": tree_first,
-                            "first_threshold": first_threshold})
+                            "first_threshold": first_threshold, "prompt_states": prompt_states})
         self.tree_nodes, self.tree_top_k, self.tree_first = int(tree_nodes), int(tree_top_k), int(tree_first)
         self.first_threshold = float(first_threshold)
+        require_hidden_states(target, self.name, layer_states=bool(head.config.token_layers or head.config.feature_layers))
         self.device, self.dtype = target.device, target.dtype
         # a copy (the caller's module is left as it was) whose linears run as TransposedLinear, as the
         # target's do (``fast_kernels``): a cheaper draft step than ``nn.Linear``'s, with the same drafts
@@ -101,7 +119,7 @@ class HeadDrafter(Drafter):
         self.head = copy.deepcopy(head).to(self.device, self.dtype).eval()
         if fast_kernels:
             transpose_linears(self.head)
-        self.embed = target.model.get_input_embeddings()
+        self.embed = target.token_embeddings
         self.vocab = torch.as_tensor(vocab_ids, dtype=torch.long, device=self.device)
         self.logits_of = target.subset_head(self.vocab)
         self.vocab_size = target.vocab_size
@@ -110,7 +128,8 @@ class HeadDrafter(Drafter):
                                   device=self.device)
         # a chain is drawn from the draft law; a tree is deterministic
         self.capabilities = replace(self.capabilities, max_candidates=max(1, self.tree_nodes),
-                                    samples_drafts=not self.tree_nodes, target_hidden_layers=config.feature_layers)
+                                    samples_drafts=not self.tree_nodes, target_hidden_layers=config.feature_layers,
+                                    prompt_states=prompt_states)
         self._rows: dict[int, _Row] = {}
         self.layer_states = LayerStates(target, config.token_layers) if config.token_layers else None
 
@@ -125,14 +144,14 @@ class HeadDrafter(Drafter):
     @classmethod
     def for_target(cls, target, path: str | None = None, tree_nodes: int = DEFAULT_TREE_NODES,
                    tree_top_k: int = DEFAULT_TREE_TOP_K, tree_first: int = DEFAULT_TREE_FIRST,
-                   first_threshold: float | None = None) -> "HeadDrafter":
+                   first_threshold: float | None = None, prompt_states: int | None = DEFAULT_PROMPT_STATES) -> "HeadDrafter":
         """``first_threshold`` unset: :data:`DEFAULT_FIRST_THRESHOLD` for the shipped head, whose calibration
         it was chosen on; 0 for a head given by ``path`` (a few training steps leave a head unsure everywhere)."""
         if first_threshold is None:
             first_threshold = DEFAULT_FIRST_THRESHOLD if path is None else 0.0
         head, vocab_ids = load_for_target(target, path, "head")
         return cls(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k, tree_first=tree_first,
-                   first_threshold=first_threshold)
+                   first_threshold=first_threshold, prompt_states=prompt_states)
 
     def block_tokens(self, depth: int) -> int:
         return tree_block(self.tree_nodes, self.tree_top_k, depth)
@@ -195,7 +214,7 @@ class HeadDrafter(Drafter):
     def _sync(self, rows: list[_Row], sequences: list[list[int]]) -> torch.Tensor:
         """Feed each row's committed pairs not in its cache yet (always at least its last one, whose
         output is the first draft's feature); returns that predicted feature per row ``[R, H]``."""
-        starts = [min(row.cached, len(seq) - 2) for row, seq in zip(rows, sequences)]
+        starts = [row.first + min(row.cached, len(seq) - 2 - row.first) for row, seq in zip(rows, sequences)]
         counts = [len(seq) - 1 - s for seq, s in zip(sequences, starts)]
         n = max(counts)
         hidden = self.head.config.hidden_size
@@ -204,8 +223,8 @@ class HeadDrafter(Drafter):
         states = (torch.zeros(len(rows), n, hidden, dtype=self.dtype, device=self.device)
                   if self.layer_states is not None else None)
         for r, (row, seq, start, count) in enumerate(zip(rows, sequences, starts, counts)):
-            row.keys, row.values = row.keys[:, :, :start], row.values[:, :, :start]
-            features[r, :count] = row.features[start:start + count]
+            row.keys, row.values = row.keys[:, :, :start - row.first], row.values[:, :, :start - row.first]
+            features[r, :count] = row.features[start - row.first:start - row.first + count]
             tokens[r, :count] = torch.tensor(seq[start + 1:start + 1 + count], dtype=torch.long)
             if states is not None:
                 states[r, :count] = row.states[start + 1:start + 1 + count]
@@ -227,11 +246,11 @@ class HeadDrafter(Drafter):
             if request.request_id not in self._rows:  # proposed for without start: no features yet
                 self.start([RequestContext(request.request_id, list(request.sequence))])
             row = self._rows[request.request_id]
-            if request.hidden is not None and len(request.hidden) and len(row.features) < len(request.sequence) - 1:
+            if request.hidden is not None and len(request.hidden) and row.known < len(request.sequence) - 1:
                 # cut to the committed tokens but the last; taken once: propose reads again after the engine's
                 # read, and a request proposed for again after its batch's proposal failed (the engine retries
                 # each alone) hands the same states twice
-                row.features = torch.cat([row.features, request.hidden.to(self.dtype)])[:len(request.sequence) - 1]
+                row.features = torch.cat([row.features, request.hidden.to(self.dtype)])[:len(request.sequence) - 1 - row.first]
         if self.layer_states is not None:
             reading = [r for r in requests if r.max_tokens > 0]
             for request, states in zip(reading, self.layer_states.read([r.request_id for r in reading],
@@ -247,7 +266,8 @@ class HeadDrafter(Drafter):
     def _able(self, request: DraftRequest) -> bool:
         """A row can draft once the target's feature of every committed token but the last is known."""
         return (request.max_tokens > 0 and len(request.sequence) >= 2
-                and len(self._rows[request.request_id].features) == len(request.sequence) - 1)
+                and self._rows[request.request_id].known == len(request.sequence) - 1
+                and len(request.sequence) - 2 >= self._rows[request.request_id].first)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> Draft:

@@ -25,10 +25,11 @@ from dataclasses import replace
 
 from genspec.drafters.base import (Draft, Drafter, DrafterCapabilities, DraftOffer, DraftRequest, Option, RequestContext,
                                    check_options)
-from genspec.drafters.head import DEFAULT_TREE_FIRST, DEFAULT_TREE_NODES, DEFAULT_TREE_TOP_K, HeadDrafter
+from genspec.drafters.head import (DEFAULT_PROMPT_STATES, DEFAULT_TREE_FIRST, DEFAULT_TREE_NODES, DEFAULT_TREE_TOP_K,
+                                   HeadDrafter)
 from genspec.drafters.prompt_lookup import PromptLookupDrafter
 from genspec.drafters.suffix import SuffixDrafter
-from genspec.drafters.trained import require_hf_target
+from genspec.drafters.trained import load_for_target
 from genspec.errors import ConfigError
 
 #: the evidence grade of rows left to the head
@@ -112,7 +113,8 @@ class HybridDrafter(Drafter):
             free=True, costly=True, draft_cost_prior=costly.draft_cost_prior,
             default_draft_tokens=lookup.capabilities.default_draft_tokens,
             max_candidates=max(lookup.capabilities.max_candidates, costly.max_candidates), reads_target_hidden=True,
-            target_hidden_layers=costly.target_hidden_layers, samples_drafts=costly.samples_drafts)
+            target_hidden_layers=costly.target_hidden_layers, prompt_states=head.capabilities.prompt_states,
+            samples_drafts=costly.samples_drafts)
 
     @classmethod
     def check_options(cls, options: Mapping[str, object], owner: str | None = None) -> None:
@@ -130,13 +132,14 @@ class HybridDrafter(Drafter):
                    tree_nodes: int = DEFAULT_TREE_NODES, tree_top_k: int = DEFAULT_TREE_TOP_K,
                    tree_first: int = DEFAULT_TREE_FIRST,
                    first_threshold: float = 0.0, merge_weak: bool = MERGE_WEAK,
-                   **lookup_options) -> "HybridDrafter":
-        require_hf_target(target, cls.name)  # its head's refusal would name the head, not the drafter asked for
+                   prompt_states: int | None = DEFAULT_PROMPT_STATES, **lookup_options) -> "HybridDrafter":
         if lookup not in LOOKUPS:
             raise ConfigError(f"unknown lookup {lookup!r} for the hybrid; choose from {', '.join(LOOKUPS)}")
+        head, vocab_ids = load_for_target(target, path, "head", drafter=cls.name)  # refusals name the hybrid
         return cls(LOOKUPS[lookup].for_target(target, **lookup_options),
-                   HeadDrafter.for_target(target, path=path, tree_nodes=tree_nodes, tree_top_k=tree_top_k,
-                                          tree_first=tree_first, first_threshold=first_threshold), min_match, merge_weak)
+                   HeadDrafter(target, head, vocab_ids, tree_nodes=tree_nodes, tree_top_k=tree_top_k,
+                               tree_first=tree_first, first_threshold=first_threshold, prompt_states=prompt_states),
+                   min_match, merge_weak)
 
     def start(self, contexts: list[RequestContext]) -> None:
         self.lookup.start(contexts)

@@ -25,7 +25,8 @@ class MedusaDrafter(Drafter):
     ``tree_nodes`` (0: a chain) and ``tree_top_k``."""
 
     name = "medusa"
-    capabilities = DrafterCapabilities(reads_target_hidden=True, draft_cost_prior=FEATURE_HEAD_COST_PRIOR)
+    # the heads read the newest state only: of the prompt, its last
+    capabilities = DrafterCapabilities(reads_target_hidden=True, prompt_states=1, draft_cost_prior=FEATURE_HEAD_COST_PRIOR)
     options = (TRAINED_PATH, TREE_NODES, TREE_TOP_K)
 
     def __init__(self, target, heads: MedusaHeads, vocab_ids: list[int], tree_nodes: int = 0, tree_top_k: int = 4):
@@ -51,8 +52,10 @@ class MedusaDrafter(Drafter):
 
     def start(self, contexts: list[RequestContext]) -> None:
         for context in contexts:
-            self._rows[context.request_id] = (context, 0, None)
-            self._see(context.request_id, context.hidden, len(context.prompt) - 1)
+            known = len(context.prompt) - 1  # the prompt's states end at its last token but one
+            hidden = context.hidden
+            self._rows[context.request_id] = ((context, known, hidden[-1].to(self.dtype)) if hidden is not None and len(hidden)
+                                              else (context, 0, None))
 
     def finish(self, request_ids: list[int]) -> None:
         for request_id in request_ids:

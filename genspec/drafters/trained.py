@@ -8,7 +8,6 @@ import torch
 
 from genspec.drafters.base import MAX_CANDIDATES, MAX_TREE_NODES, PATH, Draft, Option, RequestContext, draw_tokens
 from genspec.errors import ConfigError
-from genspec.models.hf import HFCausalLM
 from genspec.sampling import TokenHistory, process_logits
 from genspec.speculators.store import load_head, target_fingerprint
 
@@ -110,30 +109,38 @@ def best_paths(nodes: list[TreeNode], budget: int, first: int = 0) -> list[list[
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "speculators"
 
 
-def require_hf_target(target, drafter: str) -> None:
-    """Refuse a target whose hidden states no drafter can read (only the torch backend's models give them),
-    naming ``drafter``: the drafter asked for, which may hold a trained one (the hybrid holds a head)."""
-    if not isinstance(target, HFCausalLM):
-        raise ConfigError(f"drafter {drafter!r} needs a Hugging Face target model on the torch backend "
-                          "(--backend torch): it reads the target's hidden states")
+def require_hidden_states(target, drafter: str, layer_states: bool = False) -> None:
+    """Refuse a target that gives no hidden states (:attr:`~genspec.models.base.CausalLM.hidden_size`), or, with
+    ``layer_states``, none of its layers' (:attr:`~genspec.models.base.CausalLM.gives_layer_states`: the torch
+    backend's models), naming ``drafter``: the drafter asked for, which may hold a trained one (the hybrid holds
+    a head)."""
+    if target.hidden_size is None:
+        raise ConfigError(f"drafter {drafter!r} needs a target model that gives its hidden states (a GGUF model on "
+                          f"the llamacpp backend, or one on the torch backend): this {target.backend} model gives none")
+    if layer_states and not target.gives_layer_states:
+        raise ConfigError(f"drafter {drafter!r} reads the states of the target's layers, which only the torch "
+                          f"backend's models give (--backend torch); a head trained without token or feature "
+                          f"layers drafts for a {target.backend} model")
 
 
-def load_for_target(target, path: str | None, kind: str):
+def load_for_target(target, path: str | None, kind: str, drafter: str | None = None):
     """``(module, vocab_ids)`` of the trained ``kind`` at ``path`` (default: the one shipped for the
-    embedded model), checked against ``target`` by its fingerprint."""
-    require_hf_target(target, kind)
+    embedded model), checked against ``target`` by its fingerprint; refusals name ``drafter`` (default: ``kind``),
+    the drafter asked for (the hybrid holds a head)."""
+    drafter = drafter or kind
+    require_hidden_states(target, drafter)
     fingerprint = target_fingerprint(target)
     if path is None:
         shipped = SHIPPED / kind
         if not shipped.is_dir() or load_head(shipped, kind)[2] != fingerprint:
-            raise ConfigError(f"drafter {kind!r} needs a trained {kind} for this model: -O path=DIR "
+            raise ConfigError(f"drafter {drafter!r} needs a trained {kind} for this model: -O path=DIR "
                               f"(genspec train {kind} writes one; the package ships one for the embedded model only)")
         path = str(shipped)
     module, vocab_ids, saved, _ = load_head(path, kind)
     if saved != fingerprint:
         raise ConfigError(f"the {kind} at {path} was trained for another model (fingerprint {saved}, this model's "
                           f"is {fingerprint}); train one for it with genspec train {kind}")
-    if module.config.hidden_size != target.config.hidden_size:
+    if module.config.hidden_size != target.hidden_size:
         raise ConfigError(f"the {kind} at {path} expects hidden size {module.config.hidden_size}, the model has "
-                          f"{target.config.hidden_size}")
+                          f"{target.hidden_size}")
     return module, vocab_ids

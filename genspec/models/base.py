@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from genspec.errors import ConfigError
 
 
 @dataclass
@@ -36,6 +39,12 @@ class PrefixKV:
         runs every layer of a block they do not fit (another batch, width or shape)."""
         return (tree_mask is None and tuple(self.hidden.shape[:2]) == tuple(valid.shape)
                 and (self.valid is None or torch.equal(self.valid.to(valid.device), valid)))
+
+
+def states_kept(length: int, hidden_last: int | None) -> int:
+    """How many states of a ``length``-token prefix :meth:`CausalLM.add_rows` returns for ``hidden_last`` (its
+    last ones)."""
+    return length if hidden_last is None else min(length, max(hidden_last, 0))
 
 
 def padded(widths: list[int]) -> list[tuple[int, int]]:
@@ -121,12 +130,13 @@ class CausalLM(ABC):
 
     @abstractmethod
     def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False,
-                 hidden_layers: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
+                 hidden_layers: tuple[int, ...] = (), hidden_last: int | None = None) -> list[torch.Tensor] | None:
         """Append one row per prefix, holding its tokens (a prefill run on the new rows only; the other
         rows keep their caches). Empty prefixes give empty rows. With ``return_hidden``, the final hidden
         states (the LM head's inputs) of each prefix, ``[len(prefix), H]`` per row (models without
         hidden states raise :class:`genspec.errors.ConfigError`), followed along the last axis by those of
-        ``hidden_layers`` as in :meth:`forward`."""
+        ``hidden_layers`` as in :meth:`forward`; with ``hidden_last``, those of each prefix's last
+        ``hidden_last`` tokens only, ``[min(len(prefix), hidden_last), H]``."""
 
     @abstractmethod
     def remove_rows(self, rows: list[int]) -> None:
@@ -205,6 +215,33 @@ class CausalLM(ABC):
     @abstractmethod
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep only the first ``lengths[b]`` tokens of row b (``lengths`` ``[B]``)."""
+
+    # ------------------------------------------------------------------ what drafters on its features read
+    #: the width of a final hidden state (the output layer's input) where the model gives them (``forward``'s
+    #: ``return_hidden``), else None: heads, Medusa and the hybrid draft from them
+    hidden_size: int | None = None
+    #: the number type of those states
+    dtype: torch.dtype = torch.float32
+    #: the outputs of its decoder layers come with the final states (``forward``'s ``hidden_layers``), and its
+    #: first layers can be run alone over committed tokens (a head's ``feature_layers`` / ``token_layers``)
+    gives_layer_states: bool = False
+    #: decoder layers, and the context it was trained for (what a trained head's fingerprint records)
+    num_layers: int | None = None
+    trained_context: int | None = None
+
+    def token_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[..., H]``: what the first decoder layer reads for ``tokens`` ``[...]`` (the embedding rows, scaled
+        as the model scales them: Gemma by the square root of ``H``). Models without hidden states refuse."""
+        raise ConfigError(f"the {self.backend} backend's model gives no token embeddings")
+
+    def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """``[len(token_ids), H]``: the output layer's rows of ``token_ids`` (float32)."""
+        raise ConfigError(f"the {self.backend} backend's model gives no output-layer rows")
+
+    def subset_head(self, token_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A function from final hidden states ``[..., H]`` to this model's logits of ``token_ids`` only,
+        ``[..., S]`` (a draft head's truncated vocabulary): the output layer's rows and the model's soft cap."""
+        raise ConfigError(f"the {self.backend} backend's model gives no output layer to draft from")
 
     # ------------------------------------------------------------------ prefix reuse (early exit)
     @property

@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 from genspec.errors import ConfigError, ContextLengthError, InputFileError
 from genspec.kernels import KernelTuner, LMHead, PackedWeight, needs_grad, packable, weight_times_rows, worth_tuning
 from genspec.models import gguf_file
-from genspec.models.base import CausalLM, PrefixKV
+from genspec.models.base import CausalLM, PrefixKV, states_kept
 
 # transformers is imported where it is used: `import genspec` would otherwise spend seconds on it
 
@@ -148,6 +148,22 @@ class HFCausalLM(CausalLM):
     def num_layers(self) -> int:
         return len(self._decoder.layers)
 
+    gives_layer_states = True
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def trained_context(self) -> int | None:
+        return self.max_context
+
+    def token_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(tokens.to(self.device))
+
+    def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._head.weight.detach()[torch.as_tensor(token_ids, dtype=torch.long, device=self.device)].float()
+
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """The tokenizer's end-of-sequence id and the model's generation config's (e.g. Gemma's
@@ -218,7 +234,7 @@ class HFCausalLM(CausalLM):
 
     @torch.inference_mode()
     def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False,
-                 hidden_layers: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
+                 hidden_layers: tuple[int, ...] = (), hidden_last: int | None = None) -> list[torch.Tensor] | None:
         """Prefill the new rows in a cache of their own, then append that cache's rows to this one
         (holes pad the shorter of the two along the slot axis): one copy of the cache per join, as a
         decode step's ``torch.cat`` costs anyway."""
@@ -237,7 +253,8 @@ class HFCausalLM(CausalLM):
                 valid[row, :len(prefix)] = True
             states, _ = self.hidden_states(tokens, valid, layers=hidden_layers)
             self.commit_all(valid)
-            hidden = [states[row, :len(prefix)] for row, prefix in enumerate(prefixes)]
+            hidden = [states[row, len(prefix) - states_kept(len(prefix), hidden_last):len(prefix)]
+                      for row, prefix in enumerate(prefixes)]
         added_cache, added_slots, added_lengths = self.cache, self.slot_positions, self._lengths
         self.cache, self.slot_positions, self._lengths = held
         slots = max(self.num_slots, added_slots.shape[1])

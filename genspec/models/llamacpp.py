@@ -14,14 +14,19 @@ row's sequence and the temporary sequences are dropped.
 The sliding-window layers keep a full-size cache (``swa_full``): a window cache forgets the tokens a
 rolled-back row needs again.
 
-llama.cpp gives no per-layer hidden states, so drafters that read the target's features (heads, EAGLE,
-Medusa) and self-speculation that reuses the target's weights (early exit, layer skip, quantized copy)
-need the torch backend; they say so when built for this one.
+Final hidden states (the output layer's inputs, which heads read) come with llama.cpp's embeddings switched on
+for the decodes that want them (no pooling: a state per token). llama.cpp then makes every token of the batch an
+output and runs its output layer on it, so a prefill asked for states takes them for its last tokens only
+(:meth:`LlamaCppLM.add_rows`' ``hidden_last``); a verify block has every token an output anyway. Per-layer
+states are not given (Gemma 3's graph records no layer inputs for ``llama_set_embeddings_layer_inp``), and
+self-speculation that reuses the target's weights in place (early exit, layer skip) needs the torch backend;
+its quantised and layer-skipped GGUF copies do not.
 """
 from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import os
 import re
 import warnings
@@ -31,7 +36,9 @@ import numpy as np
 import torch
 
 from genspec.errors import ConfigError, InputFileError
-from genspec.models.base import CausalLM, PrefixKV, equal_split
+from genspec.kernels import LMHead
+from genspec.models import gguf_file
+from genspec.models.base import CausalLM, PrefixKV, equal_split, states_kept
 from genspec.models.gguf_file import check_complete
 
 #: tokens per row (prompt + generated) unless asked otherwise: the KV cache holds ``max_rows`` of them, in
@@ -275,6 +282,7 @@ class LlamaCppLM(CausalLM):
         self._vocab = vocab
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(vocab))
         trained = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        self.trained_context = trained if trained > 0 else None
         if context < 1:
             raise ConfigError(f"context must be at least 1 token, got {context}")
         self.max_context = min(context, trained) if trained > 0 else context
@@ -295,6 +303,8 @@ class LlamaCppLM(CausalLM):
         #: llama.cpp's description of the model: architecture, size and quantisation ("gemma3 270M Q4_K - Medium")
         self.description = described.value.decode("utf-8", "replace")
         self.num_layers = int(llama_cpp.llama_model_n_layer(self._model))
+        #: the width of a final hidden state (the output layer's input)
+        self.hidden_size = int(llama_cpp.llama_model_n_embd_out(self._model))
         eos = {int(llama_cpp.llama_vocab_eos(vocab)), int(llama_cpp.llama_vocab_eot(vocab))}
         self._eos = tuple(sorted(i for i in eos if 0 <= i < self.vocab_size))
         self.reset(0)
@@ -324,6 +334,10 @@ class LlamaCppLM(CausalLM):
         params.kv_unified = shared
         params.no_perf = True
         params.type_k = params.type_v = int(self.kv_cache_type)
+        # a state per token when embeddings are on (:meth:`_decode`); off until a caller asks for states
+        params.embeddings = False
+        params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
+        self._embeddings = False
         # llama.cpp's CPU flash attention accumulates float16 values in float16, in cell order: in a shared cache a
         # row's logits then move when another row leaves it, and a tree's nodes leave their chain's (by 5e-4 and
         # 6e-4 on the float32 test model), so a shared cache runs without it; with a stream per row the cells a
@@ -400,6 +414,50 @@ class LlamaCppLM(CausalLM):
             ids.append(int(tokenizer_eos))
         return tuple(ids)
 
+    # ---------------------------------------------------------------- what drafters on its features read
+    @functools.cached_property
+    def _header(self) -> gguf_file.Header:
+        return gguf_file.read_header(self.path)
+
+    @functools.cached_property
+    def _embedding(self) -> gguf_file.TensorRows:
+        return gguf_file.TensorRows(self.path, "token_embd.weight", self._header)
+
+    @functools.cached_property
+    def _output(self) -> gguf_file.TensorRows:
+        """The output layer's matrix: ``output.weight``, or the token embedding where the two are tied (Gemma)."""
+        name = "output.weight" if "output.weight" in self._header.tensors else "token_embd.weight"
+        return gguf_file.TensorRows(self.path, name, self._header)
+
+    def _metadata(self, key: str, default=None):
+        """The architecture's own metadata ``key`` (``gemma3.final_logit_softcapping``)."""
+        return self._header.metadata.get(f"{self._header.metadata.get('general.architecture')}.{key}", default)
+
+    @functools.cached_property
+    def embedding_scale(self) -> float:
+        """What llama.cpp multiplies a token's embedding row by before the first layer: the square root of the
+        width on Gemma's architectures (their graphs scale by ``sqrtf(n_embd)``), the file's
+        ``embedding_scale`` where it gives one, else 1."""
+        if str(self._header.metadata.get("general.architecture", "")).startswith("gemma"):
+            return float(self.hidden_size) ** 0.5
+        return float(self._metadata("embedding_scale", 1.0))
+
+    def token_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._embedding.rows(tokens) * self.embedding_scale
+
+    def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._output.rows(token_ids)
+
+    def subset_head(self, token_ids: torch.Tensor):
+        """See :meth:`CausalLM.subset_head`: the output layer's rows dequantised from the file into an
+        :class:`~genspec.kernels.LMHead` (llama.cpp's quantised products round them a little differently, so a
+        draft's logits are close to the target's, not equal: a draft needs no more), then the soft cap."""
+        head = LMHead(self.output_rows(token_ids))
+        cap = float(self._metadata("final_logit_softcapping", 0.0) or 0.0)
+        if not cap:
+            return head
+        return lambda hidden: torch.tanh(head(hidden) / cap) * cap
+
     # ---------------------------------------------------------------- rows
     def reset(self, batch_size: int = 0) -> None:
         if batch_size > self.max_rows:
@@ -411,23 +469,41 @@ class LlamaCppLM(CausalLM):
         self._block = None
 
     def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False,
-                 hidden_layers: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
-        if return_hidden or hidden_layers:
-            raise ConfigError("the llamacpp backend gives no hidden states (a drafter that reads them needs "
-                              "the torch backend)")
+                 hidden_layers: tuple[int, ...] = (), hidden_last: int | None = None) -> list[torch.Tensor] | None:
+        """See :meth:`CausalLM.add_rows`. The states of each prefix's last ``hidden_last`` tokens come from a
+        second decode with embeddings on: every token of it pays the output layer (262,144 rows on Gemma 3), so
+        a caller that reads only the last states of a long prompt asks for those."""
+        self._no_layers(hidden_layers)
         if len(prefixes) > len(self._free):
             raise ConfigError(f"{len(self._sequences) + len(prefixes)} rows exceed this llama.cpp model's "
                               f"{self.max_rows} (max_rows)")
         self._free.sort()  # the lowest free sequences: dense ids run as one micro-batch (_emission_order)
         new = [self._free.pop(0) for _ in prefixes]
-        entries = [(token, position, (sequence,), False) for sequence, prefix in zip(new, prefixes)
-                   for position, token in enumerate(prefix)]
-        for start in range(0, len(entries), self._batch_size):
-            self._decode(entries[start:start + self._batch_size])
+        read = [0] * len(prefixes)
+        if return_hidden:
+            read = [states_kept(len(p), hidden_last) for p in prefixes]
+        states = []
+        for with_states in (False, True):  # the tokens whose states nobody reads first, without the output layer
+            entries = [(token, position, (sequence,), with_states)
+                       for sequence, prefix, count in zip(new, prefixes, read)
+                       for position, token in enumerate(prefix)
+                       if (position >= len(prefix) - count) == with_states]
+            for start in range(0, len(entries), self._batch_size):
+                _, chunk = self._decode(entries[start:start + self._batch_size], states=with_states)
+                if with_states:
+                    states.append(chunk)
         self._sequences += new
         self._lengths = torch.cat([self._lengths, torch.tensor([len(p) for p in prefixes], dtype=torch.long)])
         self._block = None
-        return None
+        if not return_hidden:
+            return None
+        states = torch.cat(states) if states else torch.zeros(0, self.hidden_size)
+        return list(states.split(read))
+
+    def _no_layers(self, hidden_layers: tuple[int, ...]) -> None:
+        if tuple(hidden_layers):
+            raise ConfigError("the llamacpp backend gives the final hidden states only, not those of layers "
+                              f"{list(hidden_layers)} (a head trained with feature layers needs the torch backend)")
 
     def remove_rows(self, rows: list[int]) -> None:
         if not rows:
@@ -466,9 +542,7 @@ class LlamaCppLM(CausalLM):
     def _forward(self, tokens, valid, tree_mask, last_only, prefix, return_hidden, hidden_layers, transient: bool):
         if prefix is not None:
             raise ConfigError("the llamacpp backend cannot take a block's first layers from a draft")
-        if return_hidden or hidden_layers:
-            raise ConfigError("the llamacpp backend gives no hidden states (a drafter that reads them needs "
-                              "the torch backend)")
+        self._no_layers(hidden_layers)
         rows, width = tokens.shape
         if rows != len(self._sequences):
             raise ValueError(f"a block of {rows} rows for a model holding {len(self._sequences)}")
@@ -513,12 +587,25 @@ class LlamaCppLM(CausalLM):
         self._block = (counts, leaves)
         if len(entries) > self._batch_size:
             raise ConfigError(f"a block of {len(entries)} tokens exceeds the llamacpp batch ({self._batch_size})")
-        logits = self._decode(entries)  # llama.cpp's buffer: copied at most once, into ``out``
+        # llama.cpp's buffer: copied at most once, into ``out``
+        logits, states = self._decode(entries, states=return_hidden)
         shape = (rows, 1 if last_only else width, self.vocab_size)
         full = len(outputs) == shape[0] * shape[1]
+        index = torch.tensor(outputs, dtype=torch.long).reshape(-1, 2)
+        if return_hidden:  # every position's state (as the torch backend's), in row order; zeros at padding
+            hidden = torch.zeros(rows, width, self.hidden_size)
+            decoded = torch.tensor([(row, j) for row in order for j in range(counts[row])], dtype=torch.long)
+            if len(decoded):
+                hidden[decoded[:, 0], decoded[:, 1]] = states
+            return self._shaped_logits(logits, shape, full, order, index, last_only, transient), hidden
+        return self._shaped_logits(logits, shape, full, order, index, last_only, transient)
+
+    def _shaped_logits(self, logits: torch.Tensor, shape: tuple[int, int, int], full: bool, order: list[int],
+                       index: torch.Tensor, last_only: bool, transient: bool) -> torch.Tensor:
+        """The decoded outputs' logits ``[m, V]`` (in decode order: rows by ``order``) laid out ``shape``, zero
+        where no output was asked: :meth:`forward_transient`'s buffers, or a new tensor."""
         if full and order == sorted(order):  # every slot is an output, row by row
             return logits.view(shape) if transient else logits.view(shape).clone()
-        index = torch.tensor(outputs, dtype=torch.long).reshape(-1, 2)
         slots = index[:, 0] * shape[1] + (0 if last_only else index[:, 1])  # in the order they were decoded
         if not transient:
             out = torch.zeros(shape, dtype=torch.float32)
@@ -554,8 +641,9 @@ class LlamaCppLM(CausalLM):
 
     def hidden_states(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
                       tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        raise ConfigError("the llamacpp backend gives no hidden states (a drafter that reads them needs the "
-                          "torch backend)")
+        """:meth:`forward`'s states (llama.cpp computes the output layer with them: nothing is saved)."""
+        _, hidden = self.forward(tokens, valid, tree_mask, return_hidden=True)
+        return hidden, torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
 
     def keep_block(self, keep: torch.Tensor) -> None:
         if self._block is None:
@@ -601,11 +689,17 @@ class LlamaCppLM(CausalLM):
         self._block = None
 
     # ---------------------------------------------------------------- llama.cpp calls
-    def _decode(self, entries: list[tuple[int, int, tuple[int, ...], bool]]) -> torch.Tensor:
-        """One ``llama_decode`` of ``(token, position, sequences, wants_logits)`` entries; the logits of those
-        that want them ``[m, V]`` in order: a view of llama.cpp's buffer, valid until the next decode."""
+    def _decode(self, entries: list[tuple[int, int, tuple[int, ...], bool]],
+                states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One ``llama_decode`` of ``(token, position, sequences, wants_logits)`` entries: the logits of those
+        that want them ``[m, V]`` in order (a view of llama.cpp's buffer, valid until the next decode, when
+        ``states`` is off) and, with ``states``, the final hidden state of every entry ``[len(entries), H]`` (a
+        copy; llama.cpp then computes every entry's logits, of which those wanted are copied out), else None."""
         if not entries:
-            return torch.zeros(0, self.vocab_size)
+            return torch.zeros(0, self.vocab_size), (torch.zeros(0, self.hidden_size) if states else None)
+        if states != self._embeddings:
+            self._llama.llama_set_embeddings(self._context, states)
+            self._embeddings = states
         batch = self._batch
         batch.n_tokens = len(entries)
         for i, (token, position, sequences, wants) in enumerate(entries):
@@ -614,15 +708,21 @@ class LlamaCppLM(CausalLM):
             batch.n_seq_id[i] = len(sequences)
             for j, sequence in enumerate(sequences):
                 batch.seq_id[i][j] = sequence
-            batch.logits[i] = wants
+            batch.logits[i] = wants or states
         status = self._llama.llama_decode(self._context, batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed (status {status}) on a batch of {len(entries)} tokens")
-        wanted = sum(1 for entry in entries if entry[3])
-        if not wanted:
-            return torch.zeros(0, self.vocab_size)
+        wanted = [i for i, entry in enumerate(entries) if entry[3]]
+        outputs = len(entries) if states else len(wanted)
+        if not outputs:
+            return torch.zeros(0, self.vocab_size), None
         pointer = self._llama.llama_get_logits(self._context)
-        return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(wanted, self.vocab_size)))
+        logits = torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(outputs, self.vocab_size)))
+        if not states:
+            return logits, None
+        pointer = self._llama.llama_get_embeddings(self._context)
+        hidden = torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(outputs, self.hidden_size))).clone()
+        return (logits if len(wanted) == outputs else logits[wanted]), hidden
 
 
 def _is_chain(mask: torch.Tensor) -> bool:

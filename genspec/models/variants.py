@@ -53,9 +53,10 @@ class EarlyExitModel(HFCausalLM):
         super().reset(batch_size)
         self._exit_hidden: list[dict[int, torch.Tensor]] = [{} for _ in range(batch_size)]
 
-    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False, hidden_layers: tuple[int, ...] = ()):
+    def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False, hidden_layers: tuple[int, ...] = (),
+                 hidden_last: int | None = None):
         held = self._exit_hidden
-        hidden = super().add_rows(prefixes, return_hidden, hidden_layers)  # resets, prefills the new rows (recording theirs), merges
+        hidden = super().add_rows(prefixes, return_hidden, hidden_layers, hidden_last)  # resets, prefills the new rows (recording theirs), merges
         self._exit_hidden = held + self._exit_hidden
         return hidden
 

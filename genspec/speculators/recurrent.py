@@ -15,7 +15,7 @@ from torch import nn
 
 from genspec.errors import ConfigError
 from genspec.kernels import LMHead
-from genspec.models.base import CausalLM, PrefixKV
+from genspec.models.base import CausalLM, PrefixKV, states_kept
 from genspec.speculators.distilled import DistilledDraft, DraftConfig, local_ids
 
 #: the recurrent layers of each recurrent arch
@@ -168,7 +168,7 @@ class RecurrentLM(CausalLM):
 
     @torch.inference_mode()
     def add_rows(self, prefixes: list[list[int]], return_hidden: bool = False,
-                 hidden_layers: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
+                 hidden_layers: tuple[int, ...] = (), hidden_last: int | None = None) -> list[torch.Tensor] | None:
         self._no_layers(hidden_layers)
         if not prefixes:
             return [] if return_hidden else None
@@ -184,7 +184,8 @@ class RecurrentLM(CausalLM):
                 valid[row, :len(prefix)] = True
             states, _ = self.hidden_states(tokens, valid)
             self.commit_all(valid)
-            hidden = [states[row, :len(prefix)] for row, prefix in enumerate(prefixes)]
+            hidden = [states[row, len(prefix) - states_kept(len(prefix), hidden_last):len(prefix)]
+                      for row, prefix in enumerate(prefixes)]
         capacity = max(held_states.shape[1], self._states.shape[1])
         self._states = torch.cat([self._padded(held_states, capacity), self._padded(self._states, capacity)])
         self._lengths = torch.cat([held_lengths, self._lengths])

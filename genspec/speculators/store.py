@@ -23,13 +23,13 @@ KINDS = {"head": (DraftHead, HeadConfig), "medusa": (MedusaHeads, MedusaConfig),
 
 
 def target_fingerprint(target) -> str:
-    """A short hash of what a head depends on in its target: its shapes and the signs of 64 rows of its
-    LM head (a head trained for another model is refused; the same weights in another dtype pass)."""
-    weight = target.model.get_output_embeddings().weight.detach()
+    """A short hash of what a head depends on in its target: its shapes, trained context and the signs of 64 rows
+    of its output layer (a head trained for another model is refused; the same weights in another dtype or on the
+    other backend pass: a GGUF file on llama.cpp and its dequantised copy on torch)."""
     digest = hashlib.sha256()
-    digest.update(repr((tuple(weight.shape), target.num_layers, target.max_context)).encode())
-    rows = torch.linspace(0, weight.shape[0] - 1, 64).long()
-    digest.update((weight[rows] > 0).contiguous().numpy().tobytes())
+    digest.update(repr(((target.vocab_size, target.hidden_size), target.num_layers, target.trained_context)).encode())
+    rows = torch.linspace(0, target.vocab_size - 1, 64).long()
+    digest.update((target.output_rows(rows).cpu() > 0).contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
