@@ -135,3 +135,24 @@ def test_gguf_self_drafts_refuse_what_they_cannot_do(wide):
         with pytest.raises(ConfigError, match=words) as error:
             genspec.build_drafter(name, target, **options)
         assert "\n" not in str(error.value)
+
+
+def test_a_draft_model_catches_up_on_more_tokens_than_a_block_holds(pair):
+    """A draft that has not drafted for a while feeds every token committed since: in pieces of the model's
+    ``max_block_tokens`` (64 on llama.cpp), with each row's next-token logits those of a prefill of the same tokens
+    (bitwise: exact kernels on Q8_0)."""
+    import torch
+
+    from genspec.drafters.draft_model import sync_rows
+
+    path, _, tokenizer = pair
+    lm = LlamaCppLM(path, tokenizer, context=256, max_rows=2, threads=1)
+    sequences = [[(7 * i) % 250 + 3 for i in range(150)], [5, 6, 7, 8, 9]]
+    assert len(sequences[0]) > lm.max_block_tokens
+    lm.add_rows([[], sequences[1][:2]])
+    held, logits = sync_rows(lm, [[], sequences[1][:2]], sequences, [True, True])
+    assert held == sequences and lm.lengths.tolist() == [150, 5]
+    reference = LlamaCppLM(path, tokenizer, context=256, max_rows=2, threads=1)
+    reference.add_rows([s[:-1] for s in sequences])
+    expected = reference.forward(torch.tensor([[s[-1]] for s in sequences]))[:, 0]
+    assert torch.equal(logits, expected)

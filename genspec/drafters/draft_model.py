@@ -42,9 +42,11 @@ DRAFT_MODEL = Option("draft_model", (*PATH, CausalLM), needed="a draft model (--
 def sync_rows(model: CausalLM, held: list[list[int]], sequences: list[list[int]], active: list[bool],
               logits: bool = True) -> tuple[list[list[int]], torch.Tensor | None]:
     """Bring a draft model's rows, holding ``held``, to ``sequences`` the llama.cpp way: keep the longest
-    common prefix, drop the rest, feed the difference of the ``active`` rows in one ragged block. Returns what
-    each row holds then, and the logits ``[R, V]`` of each row's next token (the last token is then always
-    fed again, for its logits), or None with ``logits=False``."""
+    common prefix, drop the rest, feed the difference of the ``active`` rows in one ragged block (in pieces of
+    the model's :attr:`~genspec.models.base.CausalLM.max_block_tokens`: a draft that did not draft for a while
+    catches up on every token committed since). Returns what each row holds then, and the logits ``[R, V]`` of
+    each row's next token (the last token is then always fed again, for its logits), or None with
+    ``logits=False``."""
     # (never below 0: a row that holds nothing and reads nothing stays empty, not at length -1)
     keep = [max(0, min(common_prefix_length(h, seq), len(seq) - (1 if logits else 0)))
             for h, seq in zip(held, sequences)]
@@ -53,13 +55,18 @@ def sync_rows(model: CausalLM, held: list[list[int]], sequences: list[list[int]]
     now = [seq[:k] + chunk for seq, k, chunk in zip(sequences, keep, new)]
     if not logits and not any(new):
         return now, None
-    tokens, valid = ragged_tokens(new)
-    if logits:
-        out = model.forward(tokens, valid, last_only=True)[:, 0]
-    else:
-        model.hidden_states(tokens, valid)
-        out = None
-    model.commit_all(valid)
+    longest = max(1, max(len(chunk) for chunk in new))
+    piece = model.max_block_tokens or longest
+    out = None
+    for start in range(0, longest, piece):
+        tokens, valid = ragged_tokens([chunk[start:start + piece] for chunk in new])
+        if logits:
+            last = model.forward(tokens, valid, last_only=True)[:, 0]
+            ends_here = torch.tensor([start < len(chunk) <= start + piece or (not chunk and start == 0) for chunk in new])
+            out = last if out is None else torch.where(ends_here[:, None], last, out)
+        else:
+            model.hidden_states(tokens, valid)
+        model.commit_all(valid)
     return now, out
 
 

@@ -111,6 +111,10 @@ class CausalLM(ABC):
     #: ``genspec bench`` and ``genspec serve`` then time every width a draft can fill at start
     #: (:func:`genspec.calibration.calibrate_engine`)
     uneven_verify_cost: bool = False
+    #: the most tokens one row's block may hold in a :meth:`forward` (llama.cpp's batch is sized for verify blocks),
+    #: or None if unbounded: a caller with a longer run of tokens to feed (a draft model catching up) feeds it in
+    #: pieces
+    max_block_tokens: int | None = None
     #: the most rows the model can hold at once (a fixed number of KV sequences), or None if unbounded;
     #: the engine caps its running batch by it
     max_rows: int | None = None

@@ -225,6 +225,7 @@ class LlamaCppLM(CausalLM):
     either to keep them off)."""
 
     backend = "llamacpp"
+    max_block_tokens = MAX_BLOCK_TOKENS
     # a block's cost climbs in steps of 4 tokens, in the output layer (with logits at the last position only it is
     # smooth): a 5-token block costs about what an 8-token one does and far more than a 4-token one, so no width
     # can be priced between two measured ones
