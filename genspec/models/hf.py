@@ -162,7 +162,8 @@ class HFCausalLM(CausalLM):
         return self.model.get_input_embeddings()(tokens.to(self.device))
 
     def output_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self._head.weight.detach()[torch.as_tensor(token_ids, dtype=torch.long, device=self.device)].float()
+        weight = self._head.weight() if callable(self._head.weight) else self._head.weight  # quantised heads: a method
+        return weight.detach()[torch.as_tensor(token_ids, dtype=torch.long, device=self.device)].float()
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
