@@ -38,7 +38,8 @@ class _Row:
         self.context = context
         self.features = (context.hidden if context.hidden is not None
                          else torch.zeros(0, feature_width, dtype=empty.dtype, device=empty.device))
-        self.first = max(len(context.prompt) - 1 - len(self.features), 0)
+        # the prompt's states handed over are its last ones; without any, the features start at the beginning
+        self.first = max(len(context.prompt) - 1 - len(self.features), 0) if context.hidden is not None else 0
         self.states = torch.zeros(0, hidden_size, dtype=empty.dtype, device=empty.device)
         self.keys, self.values = empty, empty  # [layers, kv_heads, cached pairs, head_dim]
         self.root: torch.Tensor | None = None  # the head's feature after the last committed pair: drafts start there
@@ -266,8 +267,7 @@ class HeadDrafter(Drafter):
     def _able(self, request: DraftRequest) -> bool:
         """A row can draft once the target's feature of every committed token but the last is known."""
         return (request.max_tokens > 0 and len(request.sequence) >= 2
-                and self._rows[request.request_id].known == len(request.sequence) - 1
-                and len(request.sequence) - 2 >= self._rows[request.request_id].first)
+                and self._rows[request.request_id].known == len(request.sequence) - 1)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> Draft:

@@ -484,7 +484,8 @@ class LlamaCppLM(CausalLM):
         if return_hidden:
             read = [states_kept(len(p), hidden_last) for p in prefixes]
         states = []
-        for with_states in (False, True):  # the tokens whose states nobody reads first, without the output layer
+        # the tokens whose states nobody reads first, without the output layer
+        for with_states in ((False, True) if return_hidden else (False,)):
             entries = [(token, position, (sequence,), with_states)
                        for sequence, prefix, count in zip(new, prefixes, read)
                        for position, token in enumerate(prefix)
