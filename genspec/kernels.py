@@ -61,6 +61,8 @@ TUNE_TRIALS = 2
 #: a chosen row count is timed again after this many of its calls, then after twice as many each time, up
 #: to every ``RETUNE_MAX`` calls (see :meth:`KernelTuner._count_call`)
 RETUNE_FIRST, RETUNE_MAX = 64, 8192
+#: exact kernels multiply this many rows at a time (:func:`in_fixed_blocks`)
+EXACT_ROWS = 16
 
 
 def cpu_array(tensor: torch.Tensor) -> np.ndarray | None:
@@ -120,6 +122,18 @@ def weight_times_rows(weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     count = rows.shape[0]
     columns = rows.repeat(2, 1) if count == 1 else rows
     return (weight @ columns.T).T[:count]
+
+
+def in_fixed_blocks(rows: torch.Tensor, product: Callable[[torch.Tensor], torch.Tensor],
+                    block: int = EXACT_ROWS) -> torch.Tensor:
+    """``product(rows)`` for ``rows`` ``[R, in]``, computed ``block`` rows at a time (the last block padded with
+    zero rows): every row goes through the same kernel call on operands of the same shape, wherever it stands and
+    whatever the other rows hold, so its result does not depend on how many rows share the product. A BLAS GEMM
+    picks its blocking, and with it the order in which it sums a row's products, by the number of rows: one row
+    alone and the same row among 15 others differ in the last bits; as rows of two 16-row products they do not."""
+    count = rows.shape[0]
+    padded = torch.nn.functional.pad(rows, (0, 0, 0, -count % block if count else block))
+    return torch.cat([product(part) for part in padded.split(block)])[:count]
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -269,19 +283,26 @@ class LMHead:
     kernel: oneDNN's packed weight (:class:`PackedWeight`) where the weight can take it, else a
     transposed, chunked copy ``[C, H, CHUNK]`` (zero-padded at the end) for the ``bmm``. Several models may
     share one head (self-drafts of the same target). ``tune``: time the kernels per row count (module
-    docstring; default: a large head on the CPU); ``clock``: the timer (tests give a fake one)."""
+    docstring; default: a large head on the CPU); ``clock``: the timer (tests give a fake one). ``exact``: one
+    kernel for every row count, ``blocks`` (:meth:`blocks`), so that a row's logits do not depend on how many rows
+    share the call (no timing)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, tune: bool | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, exact: bool = False):
         weight = weight.detach()
         self.weight = weight if weight.is_contiguous() else weight.contiguous()
         self.bias = None if bias is None else bias.detach()
         self.vocab_size = self.weight.shape[0]
+        #: every row's logits come from :meth:`blocks`, whatever the number of rows
+        self.exact = bool(exact)
         if tune is None:
             tune = worth_tuning(self.weight)
-        #: the row count -> kernel choice, between the plain GEMM and the packed (or chunked) copy
-        self.tuner = KernelTuner(("gemm", "packed") if packable(self.weight) else ("gemm", "chunked"),
-                                 self.default_kernel, tune, clock)
+        #: the row count -> kernel choice, between the plain GEMM and the packed (or chunked) copy (exact: blocks)
+        if self.exact:
+            self.tuner = KernelTuner(("blocks",), lambda rows: "blocks", False, clock)
+        else:
+            self.tuner = KernelTuner(("gemm", "packed") if packable(self.weight) else ("gemm", "chunked"),
+                                     self.default_kernel, tune, clock)
 
     @functools.cached_property
     def chunked_t(self) -> torch.Tensor:
@@ -335,13 +356,19 @@ class LMHead:
         """oneDNN's GEMM over the packed weight, for ``rows`` ``[R, H]``, no bias (no gradient)."""
         return self.packed_weight(rows)
 
+    def blocks(self, rows: torch.Tensor) -> torch.Tensor:
+        """The packed GEMM (``W @ x.T`` where the weight cannot take it) ``EXACT_ROWS`` rows at a time
+        (:func:`in_fixed_blocks`), for ``rows`` ``[R, H]``, no bias: each row's logits the same whatever the
+        number of rows (no gradient)."""
+        return in_fixed_blocks(rows, self.packed if packable(self.weight) else self.gemm)
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         rows = hidden.reshape(-1, shape[-1])
         if needs_grad(rows, self.weight):  # training through a draft head's output layer: a differentiable GEMM
             logits = self.gemm(rows)
         else:
-            kernels = {"gemm": self.gemm, "packed": self.packed, "chunked": self.chunked}
+            kernels = {"gemm": self.gemm, "packed": self.packed, "chunked": self.chunked, "blocks": self.blocks}
             logits = self.tuner.run(rows.shape[0], lambda kernel: kernels[kernel](rows))
         if self.bias is not None:
             logits = logits + self.bias
