@@ -100,11 +100,12 @@ class CausalLM(ABC):
     max_context: int | None = None
     #: what runs the model (``genspec.Backend``'s values: "torch", "llamacpp"; another adapter names itself)
     backend: str = "custom"
-    #: a position's logits are the same whatever block or batch computes them: bitwise on llama.cpp's exact
-    #: kernels (``genspec.Kernels``), to the last bits of float32 on torch (MKL sums a row's products in an order
-    #: that depends on the number of rows), so greedy speculation reproduces plain greedy decoding token for
-    #: token and a seeded sample repeats. False: the kernels round a k-token block (or a row beside others)
-    #: measurably differently from one token (llama.cpp's fast kernels), and a near-tie can flip a greedy token
+    #: a position's logits are bitwise the same whatever block or batch computes them (llama.cpp's exact kernels,
+    #: ``genspec.Kernels``; a torch model made with ``exact=True``), so greedy speculation reproduces plain greedy
+    #: decoding token for token and a seeded sample repeats. False: the kernels round a k-token block (or a row
+    #: beside others) differently from one token, in the last bits (torch's default kernels: a BLAS sums a row's
+    #: products in an order that depends on the number of rows) or more (llama.cpp's fast kernels), and a near-tie
+    #: can flip a greedy token
     batch_invariant: bool = True
     #: a verify block's cost is not smooth in its width, so interpolating between a few measured widths misprices
     #: the others (llama.cpp's CPU kernels take 4 tokens at a time): engines made by :func:`genspec.load`,

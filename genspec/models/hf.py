@@ -26,9 +26,11 @@ import torch
 from safetensors import SafetensorError
 
 from genspec.errors import ConfigError, ContextLengthError, InputFileError
-from genspec.kernels import KernelTuner, LMHead, PackedWeight, needs_grad, packable, weight_times_rows, worth_tuning
+from genspec.kernels import (KernelTuner, LMHead, PackedWeight, in_fixed_blocks, needs_grad, packable, weight_times_rows,
+                             worth_tuning)
 from genspec.models import gguf_file
 from genspec.models.base import CausalLM, PrefixKV, states_kept
+from genspec.models.exact_attention import use_exact_attention
 
 # transformers is imported where it is used: `import genspec` would otherwise spend seconds on it
 
@@ -83,18 +85,36 @@ def decoder_view(decoder, kept: list[int], final_norm: bool = True):
 
 class HFCausalLM(CausalLM):
     """A transformers causal LM with genspec's slot cache. Build with :meth:`from_pretrained` or
-    wrap an already loaded model: ``HFCausalLM(model)``."""
+    wrap an already loaded model: ``HFCausalLM(model)``.
+
+    ``exact=True`` makes it batch invariant (:attr:`batch_invariant`): a position's logits are bitwise the same
+    as a one-token step, inside a block of any width or beside other rows of any lengths, so greedy speculation
+    gives plain greedy decoding's tokens. Every product of rows with a weight (the decoder's linears, the output
+    layer) is made ``EXACT_ROWS`` rows at a time (:func:`genspec.kernels.in_fixed_blocks`), and attention is
+    :mod:`genspec.models.exact_attention`'s; the norms, rotary embeddings, activations and residual sums work on
+    each row apart. It changes ``model`` in place (its linears and its attention implementation), for every
+    wrapper of it. Without it (the default) the kernels are chosen by speed per number of rows, and a position's
+    logits differ between those cases in the last bits."""
 
     backend = "torch"
+    #: True for an exact model (set per model)
+    batch_invariant = False
 
     def __init__(self, model, tokenizer=None, fast_kernels: bool = True, decoder=None,
                  lm_head: LMHead | None = None, vocab_subset: torch.Tensor | None = None,
-                 final_norm: torch.nn.Module | None = None):
+                 final_norm: torch.nn.Module | None = None, exact: bool = False):
         """``decoder`` replaces the model's own decoder stack (a view with fewer layers, see
         genspec.models.variants); ``lm_head`` shares an already laid-out :class:`LMHead`; ``vocab_subset``
         restricts the head to those token ids (other logits are -inf: a cheaper draft head);
-        ``final_norm`` is applied before the head (for a decoder view that returns un-normed states)."""
+        ``final_norm`` is applied before the head (for a decoder view that returns un-normed states);
+        ``exact``: batch invariant logits (the class docstring)."""
+        if exact and not fast_kernels:
+            raise ConfigError("exact=True computes with genspec's kernels: it needs fast_kernels=True")
+        if exact and lm_head is not None and not lm_head.exact:
+            raise ConfigError("exact=True needs an exact output layer: LMHead(..., exact=True)")
         self.model = model.eval()
+        #: a position's logits do not depend on the block or the batch that computes them (``exact``)
+        self.batch_invariant = bool(exact)
         self._final_norm = final_norm
         self._tails: dict[int, object] = {}
         self.tokenizer = tokenizer
@@ -111,6 +131,9 @@ class HFCausalLM(CausalLM):
         self.vocab_size = int(head_weight.shape[0])
         self.max_context = getattr(self.config, "max_position_embeddings", None)
         self.device = head_weight.device
+        if exact and self.device.type != "cpu":
+            raise ConfigError(f"exact=True runs on the CPU, not {self.device}: other devices' kernels are not known to "
+                              "keep a row's result independent of the rows beside it")
         self.dtype = model.get_input_embeddings().weight.dtype
         self._softcap = getattr(self.config, "final_logit_softcapping", None)
         self._sliding_window = getattr(self.config, "sliding_window", None)
@@ -125,13 +148,15 @@ class HFCausalLM(CausalLM):
                                   + (f"{int(self.vocab_subset[0])}..{int(self.vocab_subset[-1])}" if len(self.vocab_subset) else "none"))
             # (``_head_bias`` stays the full vocabulary's: ``subset_head`` names tokens by their full ids)
             lm_head = LMHead(head.weight.detach()[self.vocab_subset],
-                             None if self._head_bias is None else self._head_bias[self.vocab_subset])
+                             None if self._head_bias is None else self._head_bias[self.vocab_subset], exact=exact)
         elif lm_head is None and fast_kernels:
-            lm_head = LMHead(head.weight, self._head_bias)
+            lm_head = LMHead(head.weight, self._head_bias, exact=exact)
         self._lm_head = lm_head
         #: the kernel choice of the decoder's linear layers (None with ``fast_kernels=False``: stock layers,
         #: or a view sharing another model's)
-        self.linear_kernels = transpose_linears(self._decoder) if fast_kernels else None
+        self.linear_kernels = transpose_linears(self._decoder, exact=exact) if fast_kernels else None
+        if exact:
+            use_exact_attention(model)
         self.reset(0)
 
     @property
@@ -181,8 +206,9 @@ class HFCausalLM(CausalLM):
     # ---------------------------------------------------------------- loading
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: str | torch.dtype = "float32",
-                        device: str = "cpu", fast_kernels: bool = True) -> "HFCausalLM":
-        """Load model and tokenizer from a local directory (never from the network)."""
+                        device: str = "cpu", fast_kernels: bool = True, exact: bool = False) -> "HFCausalLM":
+        """Load model and tokenizer from a local directory (never from the network); ``exact``: batch invariant
+        logits (the class docstring)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -208,7 +234,7 @@ class HFCausalLM(CausalLM):
             if not isinstance(exc, (OSError, ValueError)):
                 raise
             tokenizer = None  # a model without a tokenizer: token ids only
-        return cls(model.to(device), tokenizer, fast_kernels=fast_kernels)
+        return cls(model.to(device), tokenizer, fast_kernels=fast_kernels, exact=exact)
 
     @staticmethod
     def context_of(path: str | os.PathLike) -> int | None:
@@ -529,11 +555,14 @@ PACKED_MIN_ROWS = 3
 LINEAR_TUNE_MAX_ROWS = 64
 
 
-def linear_kernels(weights: list[torch.Tensor], tune: bool | None = None) -> KernelTuner:
+def linear_kernels(weights: list[torch.Tensor], tune: bool | None = None, exact: bool = False) -> KernelTuner:
     """The kernel choice shared by the linear layers of ``weights`` (a decoder's): ``F.linear``,
     ``W @ x.T`` or the packed GEMM; fixed (``W @ x.T`` below ``PACKED_MIN_ROWS`` rows, then packed), or
     with ``tune`` (default: a large CPU decoder, :func:`genspec.kernels.worth_tuning`) timed per row count
-    over whole decoder passes (:meth:`HFCausalLM.hidden_states`)."""
+    over whole decoder passes (:meth:`HFCausalLM.hidden_states`). ``exact``: ``blocks`` for every row count
+    (:meth:`TransposedLinear.blocks`), untimed."""
+    if exact:
+        return KernelTuner(("blocks",), lambda rows: "blocks")
     packs = all(packable(w) for w in weights)
 
     def default(rows: int) -> str:
@@ -558,7 +587,7 @@ class TransposedLinear(torch.nn.Module):
     strided path: the CPU flash attention refuses a query whose last dimension is strided and falls back
     to the math kernel. Shares the original weight; the packed copy (as large again: 400 MB for the
     embedded model) is made the first time the packed GEMM runs. ``HFCausalLM(..., fast_kernels=False)``
-    keeps the stock layers."""
+    keeps the stock layers. The fourth kernel, ``blocks``, is the exact models' (:meth:`blocks`)."""
 
     def __init__(self, linear: torch.nn.Linear, tuner: KernelTuner | None = None):
         super().__init__()
@@ -576,26 +605,39 @@ class TransposedLinear(torch.nn.Module):
         kernel = self.tuner.kernel(rows.shape[0])
         return "gemm" if kernel == "packed" and not packable(self.weight) else kernel
 
+    def blocks(self, rows: torch.Tensor) -> torch.Tensor:
+        """The packed GEMM (``W @ x.T`` where the weight cannot take it) ``EXACT_ROWS`` rows at a time
+        (:func:`genspec.kernels.in_fixed_blocks`), for ``rows`` ``[R, in]``: each row's result the same
+        whatever the number of rows."""
+        return in_fixed_blocks(rows, lambda block: self.product("packed" if packable(self.weight) else "gemm", block))
+
+    def product(self, kernel: str, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` ``[R, in]`` times the weight (plus the bias) with ``kernel``."""
+        if kernel == "linear":
+            return torch.nn.functional.linear(rows, self.weight, self.bias)
+        if kernel == "packed":
+            return self.packed_weight(rows, self.bias)
+        if kernel == "blocks":
+            return self.blocks(rows)
+        out = weight_times_rows(self.weight, rows).contiguous()
+        return out if self.bias is None else out + self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        kernel = self.kernel(rows)
-        if kernel == "linear":
-            out = torch.nn.functional.linear(rows, self.weight, self.bias)
-        elif kernel == "packed":
-            out = self.packed_weight(rows, self.bias)
-        else:
-            out = weight_times_rows(self.weight, rows).contiguous()
-            if self.bias is not None:
-                out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return self.product(self.kernel(rows), rows).reshape(*x.shape[:-1], self.out_features)
 
 
-def transpose_linears(module: torch.nn.Module, tune: bool | None = None) -> KernelTuner:
+def transpose_linears(module: torch.nn.Module, tune: bool | None = None, exact: bool = False) -> KernelTuner:
     """Replace every ``nn.Linear`` below ``module`` by a :class:`TransposedLinear` (in place), all sharing
-    one kernel choice (:func:`linear_kernels`), which is returned."""
+    one kernel choice (:func:`linear_kernels`), which is returned. ``exact``: the exact choice, taken by the
+    ``TransposedLinear`` layers already there too (a model wrapped before), so that every product is exact."""
     found = [(parent, name, child) for parent in list(module.modules())
              for name, child in list(parent.named_children()) if type(child) is torch.nn.Linear]
-    tuner = linear_kernels([child.weight for _, _, child in found], tune)
+    tuner = linear_kernels([child.weight for _, _, child in found], tune, exact)
     for parent, name, child in found:
         setattr(parent, name, TransposedLinear(child, tuner))
+    if exact:
+        for layer in module.modules():
+            if isinstance(layer, TransposedLinear):
+                layer.tuner = tuner
     return tuner
