@@ -357,10 +357,14 @@ class LMHead:
         return self.packed_weight(rows)
 
     def blocks(self, rows: torch.Tensor) -> torch.Tensor:
-        """The packed GEMM (``W @ x.T`` where the weight cannot take it) ``EXACT_ROWS`` rows at a time
+        """The packed GEMM (``F.linear`` where the weight cannot take it) ``EXACT_ROWS`` rows at a time
         (:func:`in_fixed_blocks`), for ``rows`` ``[R, H]``, no bias: each row's logits the same whatever the
-        number of rows (no gradient)."""
-        return in_fixed_blocks(rows, self.packed if packable(self.weight) else self.gemm)
+        number of rows (no gradient). Not ``W @ x.T``, which makes the block's rows the GEMM's columns: in float64
+        MKL computes columns 12-15 of 16 with another kernel than the first 12, so a row's result would depend on
+        its place in the block."""
+        if packable(self.weight):
+            return in_fixed_blocks(rows, self.packed)
+        return in_fixed_blocks(rows, lambda block: torch.nn.functional.linear(block, self.weight))
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape

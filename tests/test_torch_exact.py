@@ -20,7 +20,8 @@ BLOCK = [17, 40, 41, 42, 7, 3, 100, 9, 55, 56, 57, 58, 12, 13, 14, 15]
 def _prefixes(rows: int) -> list[list[int]]:
     """``rows`` random prefixes of 30..119 tokens (longer than the tiny Gemma 3's sliding window of 6)."""
     g = torch.Generator().manual_seed(0)
-    return [torch.randint(3, 250, (int(n),), generator=g).tolist() for n in torch.randint(30, 120, (rows,), generator=g)]
+    lengths = torch.randint(30, 120, (rows,), generator=g)
+    return [torch.randint(3, 250, (int(n),), generator=g).tolist() for n in lengths]
 
 
 def _compared(lm: HFCausalLM) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -130,7 +131,8 @@ def test_exact_attention_soft_caps_scores_and_refuses_biases():
 
     g = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(2, h, 7, 16, generator=g) for h in (4, 2, 2))
-    mask = torch.zeros(2, 1, 7, 7).masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(), torch.finfo(torch.float32).min)
+    unseen = ~torch.ones(7, 7, dtype=torch.bool).tril()
+    mask = torch.zeros(2, 1, 7, 7).masked_fill(unseen, torch.finfo(torch.float32).min)
     module = torch.nn.Module()
     module.num_key_value_groups, module.head_dim, module.training = 2, 16, False
     expected, _ = eager_attention_forward(module, query, key, value, mask, scaling=0.25, softcap=3.0)

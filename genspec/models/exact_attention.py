@@ -168,9 +168,9 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
         slot_index = plan.slots[part, :width]
         sees = plan.sees[part, :, :width]  # [U, Q, K]
         count = len(rows)
-        # [U, H_kv, chunks, C, D]
-        k = keys_by_slot[rows.unsqueeze(1), slot_index].permute(0, 2, 1, 3).reshape(count, kv_heads, chunks, KEY_CHUNK, dim)
-        v = values_by_slot[rows.unsqueeze(1), slot_index].permute(0, 2, 1, 3).reshape(count, kv_heads, chunks, KEY_CHUNK, dim)
+        chunked = (count, kv_heads, chunks, KEY_CHUNK, dim)  # [U, H_kv, chunks, C, D]
+        k = keys_by_slot[rows.unsqueeze(1), slot_index].permute(0, 2, 1, 3).reshape(chunked)
+        v = values_by_slot[rows.unsqueeze(1), slot_index].permute(0, 2, 1, 3).reshape(chunked)
         # [U, Q, H, D] -> [U, H_kv, 1, g * Q, D]: a key/value head's query heads, each with the unit's queries
         q = queries_by_place[rows.unsqueeze(1), plan.queries[part]]
         q = q.view(count, QUERY_ROWS, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
@@ -188,7 +188,8 @@ def exact_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
         for chunk in range(1, chunks):  # chunk after chunk, in order
             numerator = numerator + weighted[:, :, chunk]
             denominator = denominator + totals[:, :, chunk]
-        result = numerator.view(count, kv_heads, groups, QUERY_ROWS, dim) / denominator.unsqueeze(-1).to(numerator.dtype)
+        result = (numerator.view(count, kv_heads, groups, QUERY_ROWS, dim)
+                  / denominator.to(numerator.dtype).unsqueeze(-1))
         result = result.permute(0, 3, 1, 2, 4).reshape(count, QUERY_ROWS, heads, dim)  # [U, Q, H, D]
         real = plan.real[part]
         out[rows.unsqueeze(1).expand(-1, QUERY_ROWS)[real], plan.queries[part][real]] = result[real].to(out.dtype)

@@ -26,8 +26,8 @@ import torch
 from safetensors import SafetensorError
 
 from genspec.errors import ConfigError, ContextLengthError, InputFileError
-from genspec.kernels import (KernelTuner, LMHead, PackedWeight, in_fixed_blocks, needs_grad, packable, weight_times_rows,
-                             worth_tuning)
+from genspec.kernels import (KernelTuner, LMHead, PackedWeight, in_fixed_blocks, needs_grad, packable,
+                             weight_times_rows, worth_tuning)
 from genspec.models import gguf_file
 from genspec.models.base import CausalLM, PrefixKV, states_kept
 from genspec.models.exact_attention import use_exact_attention
@@ -606,10 +606,11 @@ class TransposedLinear(torch.nn.Module):
         return "gemm" if kernel == "packed" and not packable(self.weight) else kernel
 
     def blocks(self, rows: torch.Tensor) -> torch.Tensor:
-        """The packed GEMM (``W @ x.T`` where the weight cannot take it) ``EXACT_ROWS`` rows at a time
-        (:func:`genspec.kernels.in_fixed_blocks`), for ``rows`` ``[R, in]``: each row's result the same
-        whatever the number of rows."""
-        return in_fixed_blocks(rows, lambda block: self.product("packed" if packable(self.weight) else "gemm", block))
+        """The packed GEMM (``F.linear`` where the weight cannot take it, as :meth:`genspec.kernels.LMHead.blocks`
+        says why) ``EXACT_ROWS`` rows at a time (:func:`genspec.kernels.in_fixed_blocks`), for ``rows``
+        ``[R, in]``: each row's result the same whatever the number of rows."""
+        kernel = "packed" if packable(self.weight) else "linear"
+        return in_fixed_blocks(rows, lambda block: self.product(kernel, block))
 
     def product(self, kernel: str, rows: torch.Tensor) -> torch.Tensor:
         """``rows`` ``[R, in]`` times the weight (plus the bias) with ``kernel``."""
