@@ -133,6 +133,8 @@ def in_fixed_blocks(rows: torch.Tensor, product: Callable[[torch.Tensor], torch.
     alone and the same row among 15 others differ in the last bits; as rows of two 16-row products they do not."""
     count = rows.shape[0]
     padded = torch.nn.functional.pad(rows, (0, 0, 0, -count % block if count else block))
+    if padded.shape[0] == block:  # one block: no copy into a joined result (an output layer's is 16 MB)
+        return product(padded)[:count]
     return torch.cat([product(part) for part in padded.split(block)])[:count]
 
 
