@@ -54,9 +54,9 @@ def use_exact_attention(model) -> None:
 class _Plan:
     """Which keys and queries each product of a layer takes, for one mask (every layer with that mask shares it).
 
-    A unit is up to ``QUERY_ROWS`` queries of one row whose visible keys start at the same key of the row's
-    layout (the slots visible to any of its queries, in slot order); it takes that layout's keys from there on,
-    ``chunks * KEY_CHUNK`` of them."""
+    A unit is up to ``QUERY_ROWS`` queries of one row whose visible keys start a whole number of chunks apart in
+    the row's layout (the slots visible to any of its queries, in slot order); it takes that layout's keys from
+    the first of them on, ``chunks * KEY_CHUNK`` of them, so each of its queries' chunks start at its first key."""
 
     def __init__(self, visible: torch.Tensor):
         batch, n, slots = visible.shape
@@ -73,13 +73,15 @@ class _Plan:
         # a query seeing one key (a padded query, the first token of a prompt) gets that key's value whatever the
         # chunks' alignment: it joins the row's queries whose keys start at the row's first key
         first = torch.where(count > 1, first, torch.zeros_like(first))
-        # units: the queries sorted by (row, first key, index), cut into runs of one (row, first key), QUERY_ROWS each
+        # units: the queries of a row whose first keys are a whole number of chunks apart, in order of their first
+        # keys, QUERY_ROWS at a time; the chunks of a unit's layout before a query's first key add exact zeros to it
         row_of = torch.arange(batch, device=device).unsqueeze(1).expand(batch, n).reshape(-1)
         query_of = torch.arange(n, device=device).repeat(batch)
         first_of, last_of = first.reshape(-1), last.reshape(-1)
-        order = torch.argsort((row_of * (slots + 1) + first_of) * n + query_of)
-        row_of, query_of, first_of, last_of = row_of[order], query_of[order], first_of[order], last_of[order]
-        key = row_of * (slots + 1) + first_of
+        key = row_of * KEY_CHUNK + first_of % KEY_CHUNK
+        order = torch.argsort((key * (slots + 1) + first_of) * n + query_of)
+        row_of, query_of, first_of, last_of, key = (row_of[order], query_of[order], first_of[order], last_of[order],
+                                                   key[order])
         new_run = torch.ones_like(key, dtype=torch.bool)
         new_run[1:] = key[1:] != key[:-1]
         index = torch.arange(len(key), device=device)
@@ -90,7 +92,7 @@ class _Plan:
         place = in_run % QUERY_ROWS
         #: per unit: its row, the first key of its layout, its number of key chunks
         self.rows = torch.zeros(units, dtype=torch.long, device=device).index_copy(0, unit_of, row_of)
-        start = torch.zeros(units, dtype=torch.long, device=device).index_copy(0, unit_of, first_of)
+        start = torch.full((units,), slots, dtype=torch.long, device=device).scatter_reduce(0, unit_of, first_of, "amin")
         end = torch.zeros(units, dtype=torch.long, device=device).scatter_reduce(0, unit_of, last_of, "amax")
         self.chunks = (end - start).clamp(min=0) // KEY_CHUNK + 1
         #: per unit and place: the query (a padded place repeats the unit's first), and whether it is real
