@@ -80,12 +80,12 @@ def resolve_backend(path: str | None, backend: "str | Backend" = Backend.AUTO, d
 
 def load_model(path: str | None = None, dtype: str = "float32", device: str = "cpu",
                backend: "str | Backend" = Backend.AUTO, max_rows: int | None = None,
-               kernels: str | Kernels = Kernels.EXACT) -> CausalLM:
+               kernels: str | Kernels = Kernels.AUTO) -> CausalLM:
     """A target model from a local directory or GGUF file, or the embedded default (Gemma 3 270M) if ``path``
     is None, on ``backend`` (see :class:`Backend`). A dtype or device that cannot work is refused before anything
-    loads; ``max_rows`` sizes a llamacpp model's sequences (default 8); ``kernels`` picks a llamacpp model's
-    (:class:`~genspec.models.llamacpp.Kernels`: exact or exact-tiled, whose logits do not depend on the batch, or
-    fast; the torch backend has one kind)."""
+    loads; ``max_rows`` sizes a llamacpp model's sequences (default 8); ``kernels`` picks the model's
+    (:class:`~genspec.models.llamacpp.Kernels`: exact or exact-tiled, whose logits do not depend on the batch, fast,
+    or auto, the backend's default: exact on llamacpp, fast on torch)."""
     backend = resolve_backend(path, backend, dtype)
     parse_device(device)
     kernels = Kernels.parse(kernels)
@@ -100,14 +100,15 @@ def load_model(path: str | None = None, dtype: str = "float32", device: str = "c
             return LlamaCppLM(gguf, tokenizer, max_rows=max_rows or 8, device=device, kernels=kernels)
         return LlamaCppLM.from_gguf(path, max_rows=max_rows or 8, device=device, kernels=kernels)
     check_dtype(path, dtype)
+    exact = kernels.on_torch()
     if path is None:
         path = default_model_dir()  # verified against its checksums, rebuilt if damaged
         try:
-            return HFCausalLM.from_pretrained(path, dtype=dtype, device=device)
+            return HFCausalLM.from_pretrained(path, dtype=dtype, device=device, exact=exact)
         except InputFileError as exc:
             raise InputFileError(f"{exc} (the default model's cache: delete {path} to rebuild it, or set "
                                  f"$GENSPEC_CACHE to use another directory)") from exc
-    return HFCausalLM.from_pretrained(path, dtype=dtype, device=device)
+    return HFCausalLM.from_pretrained(path, dtype=dtype, device=device, exact=exact)
 
 
 def model_context(path: str | None = None, backend: "str | Backend" = Backend.AUTO) -> int | None:
@@ -145,13 +146,13 @@ def check_drafters(drafter: str, draft_model: str | None = None, drafter_options
 def load(model: str | None = None, drafter: str = "prompt-lookup", draft_model: str | None = None,
          dtype: str = "float32", device: str = "cpu", extra_drafters: Mapping[str, Mapping] | None = None,
          max_batch_size: int | None = None, backend: "str | Backend" = Backend.AUTO,
-         measure_costs: bool | None = None, kernels: str | Kernels = Kernels.EXACT,
+         measure_costs: bool | None = None, kernels: str | Kernels = Kernels.AUTO,
          **drafter_options) -> SpeculativeEngine:
     """A ready :class:`SpeculativeEngine`: target from ``model`` (default: embedded) on ``backend``, drafter
     by name.
 
     ``extra_drafters`` (name -> options) adds drafters a request may pick instead of the default with
-    ``GenerationConfig(drafter=NAME)``; ``max_batch_size`` caps the running batch; ``kernels`` a llamacpp
+    ``GenerationConfig(drafter=NAME)``; ``max_batch_size`` caps the running batch; ``kernels`` the
     target's (:func:`load_model`). ``measure_costs``: time
     one row's verify blocks before returning (:func:`genspec.calibration.calibrate_engine`; about a second
     on llama.cpp); None (default) does so where the target's cost is uneven in the block width (llama.cpp),

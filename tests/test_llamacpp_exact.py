@@ -111,7 +111,7 @@ def test_exact_kernels_refuse_what_would_break_them(q8_gguf):
         with pytest.raises(ConfigError, match=words) as error:
             LlamaCppLM(path, tokenizer, context=64, max_rows=1, **options)
         assert "kernels='fast'" in str(error.value) and "\n" not in str(error.value)
-    with pytest.raises(ConfigError, match="choose from: exact, exact-tiled, fast"):
+    with pytest.raises(ConfigError, match="choose from: auto, exact, exact-tiled, fast"):
         LlamaCppLM(path, tokenizer, context=64, max_rows=1, kernels="quick")
     fast = LlamaCppLM(path, tokenizer, context=64, max_rows=1, kernels=Kernels.FAST, repack=True)
     assert fast.kv_cache_type is KVCacheType.F16

@@ -124,6 +124,20 @@ def test_batch_invariant_says_whether_a_torch_model_is_exact(tmp_path):
         HFCausalLM(tiny_llama(0), fast_kernels=False, exact=True)
 
 
+def test_kernels_pick_a_torch_models_exactness(tmp_path):
+    """``genspec.load_model(..., kernels=...)`` on the torch backend: exact makes the exact model, auto (the
+    default) and fast the default one; exact-tiled, llama.cpp's, is refused with one line."""
+    import genspec
+
+    save_tiny_model(tmp_path)
+    assert genspec.load_model(str(tmp_path), backend="torch", kernels="exact").batch_invariant
+    for kernels in ("auto", "fast"):
+        assert not genspec.load_model(str(tmp_path), backend="torch", kernels=kernels).batch_invariant
+    assert not genspec.load_model(str(tmp_path), backend="torch").batch_invariant
+    with pytest.raises(ConfigError, match="exact-tiled are llama.cpp's"):
+        genspec.load_model(str(tmp_path), backend="torch", kernels="exact-tiled")
+
+
 def test_exact_attention_soft_caps_scores_and_refuses_biases():
     """Gemma 2's attention soft cap, with grouped-query heads and a causal mask: eager attention's result to
     float32 rounding; a mask that adds biases (not only 0 and the lowest value) is refused."""

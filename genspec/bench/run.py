@@ -91,7 +91,7 @@ def execute(s: dict, prompts, console, command: str) -> dict:
         model_path = s["model"]
         backend = s.get("backend", "torch")
         target = genspec.load_model(None if model_path is None else str(model_path), dtype=s["dtype"],
-                                    backend=backend, max_rows=1, kernels=s.get("kernels", "exact"))
+                                    backend=backend, max_rows=1, kernels=s.get("kernels", "auto"))
         if model_path is None:  # the embedded model (load_model refuses a dtype it cannot run in)
             model_path = default_gguf_path() if backend == "llamacpp" else default_model_dir()
     # what every method and baseline stops at: the tokenizer's and the model's end tokens, as generate() does,

@@ -182,7 +182,7 @@ def command_line(s: dict) -> str:
         parts += ["--model", str(s["model"])]
     parts += ["--backend", s.get("backend", "torch")]
     if s.get("backend") == "llamacpp":
-        parts += ["--kernels", s.get("kernels", "exact")]
+        parts += ["--kernels", s.get("kernels", "auto")]
     if s["draft_model"]:
         parts += ["--draft-model", str(s["draft_model"])]
     parts += ["--methods", ",".join(m.name for m in s["methods"]), "--categories", ",".join(s["categories"]),

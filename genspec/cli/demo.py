@@ -122,8 +122,8 @@ def near_tie_note(backend: str) -> str:
     """What the demo prints when greedy outputs differ on a target that is not batch invariant."""
     return (f"some greedy outputs differ from plain decoding where they meet a near-tie: {backend}'s kernels round "
             f"a block of tokens differently from one token, so the acceptance rule, which is exact, is handed other "
-            f"logits than a plain step computes; --kernels exact on a quantised GGUF model, or --backend torch in "
-            f"float32, gives equal outputs (the manual's Backends page, \"{EXACTNESS_SECTION}\")")
+            f"logits than a plain step computes; --kernels exact (on a quantised GGUF model, or on the torch "
+            f"backend) gives equal outputs (the manual's Backends page, \"{EXACTNESS_SECTION}\")")
 
 
 def run_demo(args) -> int:

@@ -18,8 +18,8 @@ MODEL_HELP = "local model directory or .gguf file (default: embedded Gemma 3 270
 
 #: what runs a model
 BACKENDS = ["auto", "torch", "llamacpp"]
-#: a llamacpp model's kernels (genspec.Kernels' values: tests/test_cli_options.py checks they agree)
-KERNELS = ["exact", "exact-tiled", "fast"]
+#: a target's kernels (genspec.Kernels' values: tests/test_cli_options.py checks they agree)
+KERNELS = ["auto", "exact", "exact-tiled", "fast"]
 #: the dtypes a model may run in (float64: exact arithmetic, for the commands that measure laws)
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
 #: the draft length policies
@@ -34,11 +34,11 @@ SHARED: dict[str, tuple[tuple[str, ...], dict]] = {
                 "(transformers: model directories, every drafter, GPUs) or auto (default: llamacpp for a "
                 ".gguf file and for the embedded model when llama-cpp-python is installed)"}),
     "kernels": (("--kernels",), {
-        "default": "exact", "choices": KERNELS,
-        "help": "a llamacpp target's kernels: exact (default: a row's logits do not depend on the batch, so "
-                "speculation changes no token), exact-tiled (exact too, dearer for one row, cheaper for prompts "
-                "and full batches: for a loaded server) or fast (llama.cpp's defaults: a greedy token may flip "
-                "at a near-tie); the torch backend has one kind"}),
+        "default": "auto", "choices": KERNELS,
+        "help": "the target's kernels: exact (a row's logits do not depend on the batch, so speculation changes "
+                "no token), exact-tiled (llamacpp: exact too, dearer for one row, cheaper for prompts and full "
+                "batches: for a loaded server), fast (a greedy token may flip at a near-tie) or auto (default: "
+                "exact on llamacpp; fast on torch, where exact kernels cost far more)"}),
     "dtype": (("--dtype",), {"default": "float32", "choices": DTYPES}),
     "drafter": (("--drafter",), {"default": "prompt-lookup"}),
     "draft_model": (("--draft-model",), {"metavar": "PATH", "help": "draft model directory (drafter draft-model)"}),

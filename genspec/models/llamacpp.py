@@ -94,9 +94,13 @@ class Tiling(enum.Enum):
 
 
 class Kernels(str, enum.Enum):
-    """Which of llama.cpp's CPU kernels compute a decode.
+    """Which kernels compute a target's decode: llama.cpp's CPU kernels on the llamacpp backend, genspec's on the
+    torch backend.
 
-    ``exact`` (the default): a row's logits do not depend on how many tokens or rows share its decode, so greedy
+    ``auto`` (the default): each backend's own default, ``exact`` on llamacpp, ``fast`` on torch, whose exact
+    kernels cost more than the 10% a default may (:meth:`on_torch`; the manual's Backends page has the costs).
+
+    ``exact``: a row's logits do not depend on how many tokens or rows share its decode, so greedy
     speculation gives plain greedy decoding's tokens and a seeded sample repeats whatever the draft lengths. It
     runs flash attention over a bfloat16 KV cache (:class:`KVCacheType`), keeps the weights as the file lays them
     out (no repacking: repacked Q4_K rows take a 4-row kernel in groups of 4 and a 1-row one for the rest) and
@@ -112,6 +116,7 @@ class Kernels(str, enum.Enum):
     or batch costs a little less than exact ones, and a greedy token may flip at a near-tie. The manual's Backends
     page has the costs."""
 
+    AUTO = "auto"
     EXACT = "exact"
     EXACT_TILED = "exact-tiled"
     FAST = "fast"
@@ -125,12 +130,21 @@ class Kernels(str, enum.Enum):
 
     @property
     def exact(self) -> bool:
+        """On llama.cpp: a row's logits do not depend on the batch (``auto`` is ``exact`` there)."""
         return self is not Kernels.FAST
+
+    def on_torch(self) -> bool:
+        """Whether a torch model runs exact (``HFCausalLM(..., exact=True)``): for ``exact`` only; ``auto`` and
+        ``fast`` take its default kernels, and ``exact-tiled``, llama.cpp's tiled kernels, is refused."""
+        if self is Kernels.EXACT_TILED:
+            raise ConfigError("kernels exact-tiled are llama.cpp's; a torch model takes exact or fast")
+        return self is Kernels.EXACT
 
     @property
     def tiling(self) -> Tiling:
         """The tiled-kernel setting these kernels ask of the process."""
-        return {Kernels.EXACT: Tiling.OFF, Kernels.EXACT_TILED: Tiling.EVERY_BATCH}.get(self, Tiling.FROM_8_ROWS)
+        return {Kernels.AUTO: Tiling.OFF, Kernels.EXACT: Tiling.OFF,
+                Kernels.EXACT_TILED: Tiling.EVERY_BATCH}.get(self, Tiling.FROM_8_ROWS)
 
 
 #: weight types whose products give each output element one dot product in one order, whatever the number of
@@ -235,7 +249,8 @@ class LlamaCppLM(CausalLM):
                  threads: int | None = None, device: str = "cpu", repack: bool = False, flash_attention: bool = True,
                  shared_cache: bool = False, kv_cache_type: KVCacheType | None = None,
                  kernels: Kernels | str = Kernels.EXACT):
-        self.kernels = Kernels.parse(kernels)
+        kernels = Kernels.parse(kernels)
+        self.kernels = Kernels.EXACT if kernels is Kernels.AUTO else kernels
         exact = self.kernels.exact
         kv_cache_type = KVCacheType(kv_cache_type if kv_cache_type is not None
                                     else KVCacheType.BF16 if exact else KVCacheType.F16)

@@ -28,7 +28,7 @@ class ServerSettings:
     """A server's settings; the defaults are ``genspec serve``'s, and an error names its option.
 
     The engine: ``model`` (a directory or .gguf file; None: the embedded model) run by ``model_backend``
-    (auto, torch or llamacpp) with ``kernels`` (a llamacpp model's: :class:`~genspec.models.llamacpp.Kernels`), its
+    (auto, torch or llamacpp) with ``kernels`` (:class:`~genspec.models.llamacpp.Kernels`), its
     default ``drafter`` with ``drafter_options``, ``extra_drafters`` a
     request may choose ({name: options}), ``draft_model``, ``dtype``, ``max_batch_size`` requests decoded
     together, and ``measure_costs``: measure the verify costs by batch size at start.
@@ -41,7 +41,7 @@ class ServerSettings:
 
     model: str | None = None
     model_backend: str = "auto"
-    kernels: Kernels = Kernels.EXACT
+    kernels: Kernels = Kernels.AUTO
     drafter: str = "prompt-lookup"
     drafter_options: dict = field(default_factory=dict)
     extra_drafters: dict[str, dict] = field(default_factory=dict)
