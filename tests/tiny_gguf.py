@@ -23,23 +23,38 @@ def write_tiny_gguf(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64
     function in transformers (float32) and the byte tokenizer its vocabulary matches. ``scale`` sharpens
     the next-token laws (see ``tiny_models.peaked``). With ``vocab`` (for exact laws over few tokens) the
     vocabulary is ``vocab`` made-up tokens and the tokenizer None. Either vocabulary ends with the result of
-    its one BPE merge (the byte tokenizer never produces it). ``weight_type`` (a ``gguf.GGMLQuantizationType``
-    name that gguf-py can write: F32, F16, BF16, Q8_0, Q5_0, Q4_0, ...) stores the matrices so, the norms in F32;
-    the transformers model then computes the unquantised function."""
-    import gguf
-
+    its one BPE merge (the byte tokenizer never produces it). ``weight_type``: as :func:`write_llama_gguf`."""
     if vocab is None:
         tokenizer = byte_tokenizer()
         pieces = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
         pieces.append(pieces[3] + pieces[4])  # the one merge's result (llama.cpp wants merges, transformers their results)
     else:
         tokenizer = None
-        pieces = ["<pad>", "<bos>", "<eos>"] + [chr(ord("a") + i) for i in range(vocab - 4)]
-        pieces.append(pieces[3] + pieces[4])
+        pieces = made_up_pieces(vocab)
     model = tiny_llama(seed, vocab=len(pieces), layers=layers, hidden=hidden, dtype=torch.float32, context=context)
     if scale != 1.0:
         peaked(model, scale)
+    write_llama_gguf(path, model, pieces, weight_type)
+    return model, tokenizer
+
+
+def made_up_pieces(vocab: int) -> list[str]:
+    """A GGUF vocabulary of ``vocab`` made-up tokens (``<pad> <bos> <eos>``, letters, and its one merge's result
+    last), for a model whose tokenizer is not the GGUF's (a test hands its own to ``LlamaCppLM``) or is none."""
+    pieces = ["<pad>", "<bos>", "<eos>"] + [chr(ord("a") + i) for i in range(vocab - 4)]
+    return pieces + [pieces[3] + pieces[4]]
+
+
+def write_llama_gguf(path: Path, model, pieces: list[str], weight_type: str = "F32") -> None:
+    """Write the transformers Llama ``model`` to ``path`` as llama.cpp's converter would, with ``pieces`` (one per
+    token id, the last the result of merging the fourth and fifth) as a GPT-2 style vocabulary. ``weight_type`` (a
+    ``gguf.GGMLQuantizationType`` name that gguf-py can write: F32, F16, BF16, Q8_0, Q5_0, Q4_0, ...) stores the
+    matrices so, the norms in F32; the transformers model then computes the unquantised function."""
+    import gguf
+
     config = model.config
+    hidden, layers, context = config.hidden_size, config.num_hidden_layers, config.max_position_embeddings
+    assert len(pieces) == config.vocab_size
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("genspec-tiny-llama")
     writer.add_context_length(context)
@@ -94,4 +109,3 @@ def write_tiny_gguf(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return model, tokenizer
