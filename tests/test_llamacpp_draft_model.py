@@ -119,6 +119,48 @@ def test_a_gguf_self_draft_gives_plain_greedy_output(wide, tmp_path, monkeypatch
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
+def test_which_kept_layers_slide_is_the_sources_pattern_without_the_dropped_layers():
+    """llama.cpp derives a layer's sliding window (and, in Gemma 3, its rotary base) from its index; a copy without
+    some layers names its kept layers' pattern: Gemma 3's default (every sixth layer whole-context), a pattern
+    given as a number or as one bool per layer, and no pattern where nothing slides or nothing is dropped."""
+    from genspec.errors import ConfigError
+    from genspec.models.llamacpp import kept_window_pattern
+
+    gemma3 = {"general.architecture": "gemma3", "gemma3.block_count": 18, "gemma3.attention.sliding_window": 512}
+    kept = kept_window_pattern(gemma3, (9, 13))
+    assert len(kept) == 16 and [i for i, slides in enumerate(kept) if not slides] == [5, 10, 15]
+    assert kept_window_pattern(gemma3, ()) is None
+    assert kept_window_pattern({**gemma3, "gemma3.attention.sliding_window": 0}, (1,)) is None
+    assert kept_window_pattern({**gemma3, "gemma3.attention.sliding_window_pattern": 2}, (0,)) == [False, True] * 8 + [False]
+    given = [True, False, False] * 6
+    assert kept_window_pattern({**gemma3, "gemma3.attention.sliding_window_pattern": given}, (1, 2)) == [True] + given[3:]
+    other = {"general.architecture": "mystery", "mystery.block_count": 4, "mystery.attention.sliding_window": 8}
+    with pytest.raises(ConfigError, match="does not know llama.cpp's default"):
+        kept_window_pattern(other, (1,))
+
+
+def test_a_copy_without_layers_keeps_their_window_pattern(tmp_path):
+    """A GGUF with sliding-window layers (a pattern of one whole-context layer in 2) copied without its second
+    layer: the copy names its 2 kept layers' pattern, and llama.cpp loads it and decodes."""
+    import gguf
+    import torch
+    from tiny_gguf import made_up_pieces, write_llama_gguf
+    from tiny_models import tiny_llama
+
+    from genspec.models.llamacpp import derived_gguf
+
+    path = tmp_path / "windows.gguf"
+    write_llama_gguf(path, tiny_llama(0, vocab=12, layers=3, dtype=torch.float32), made_up_pieces(12),
+                     metadata={"llama.attention.sliding_window": 16, "llama.attention.sliding_window_pattern": 2})
+    copy = derived_gguf(path, None, (1,), cache=tmp_path)
+    reader = gguf.GGUFReader(copy)
+    assert reader.fields["llama.block_count"].contents() == 2
+    assert reader.fields["llama.attention.sliding_window_pattern"].contents() == [True, True]  # layers 0 and 2
+    lm = LlamaCppLM(copy, None, context=32, max_rows=1)
+    lm.add_rows([[3, 4]])
+    assert lm.num_layers == 2 and torch.isfinite(lm.forward(torch.tensor([[5]]))).all()
+
+
 def test_gguf_self_drafts_refuse_what_they_cannot_do(wide):
     """On a llama.cpp target: a draft vocabulary file, an unknown GGUF type, layer indices outside the model, and
     the self-drafts that reuse the target's layers as a torch model, each in one line."""

@@ -45,11 +45,13 @@ def made_up_pieces(vocab: int) -> list[str]:
     return pieces + [pieces[3] + pieces[4]]
 
 
-def write_llama_gguf(path: Path, model, pieces: list[str], weight_type: str = "F32") -> None:
+def write_llama_gguf(path: Path, model, pieces: list[str], weight_type: str = "F32", metadata: dict | None = None) -> None:
     """Write the transformers Llama ``model`` to ``path`` as llama.cpp's converter would, with ``pieces`` (one per
     token id, the last the result of merging the fourth and fifth) as a GPT-2 style vocabulary. ``weight_type`` (a
     ``gguf.GGMLQuantizationType`` name that gguf-py can write: F32, F16, BF16, Q8_0, Q5_0, Q4_0, ...) stores the
-    matrices so, the norms in F32; the transformers model then computes the unquantised function."""
+    matrices so, the norms in F32; the transformers model then computes the unquantised function. ``metadata``: more
+    keys, each a value gguf-py writes as it infers its type (a Python int as INT32, a list of bools as a BOOL
+    array)."""
     import gguf
 
     config = model.config
@@ -78,6 +80,9 @@ def write_llama_gguf(path: Path, model, pieces: list[str], weight_type: str = "F
     writer.add_eos_token_id(config.eos_token_id)
     writer.add_pad_token_id(config.pad_token_id)
     writer.add_add_bos_token(False)
+    for key, value in (metadata or {}).items():
+        writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value),
+                             sub_type=gguf.GGUFValueType.get_type(value[0]) if isinstance(value, list) else None)
 
     state = {name: tensor.detach().float() for name, tensor in model.state_dict().items()}
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads

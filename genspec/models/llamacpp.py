@@ -794,6 +794,11 @@ class GGUFType(str, enum.Enum):
         return int(getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{self.value}"))
 
 
+#: the version of what :func:`derived_gguf` writes, part of a copy's name: a copy written by an earlier version
+#: (2: the sliding-window pattern of a copy without some layers, :func:`kept_window_pattern`) is made anew
+_DERIVED_FORMAT = 2
+
+
 def derived_gguf(source: str | os.PathLike, weight_type: GGUFType | str | None = None,
                  drop_layers: tuple[int, ...] = (), cache: Path | None = None) -> Path:
     """A copy of the GGUF file ``source`` written by llama.cpp's own quantiser: its matrices requantised to
@@ -815,7 +820,7 @@ def derived_gguf(source: str | os.PathLike, weight_type: GGUFType | str | None =
     layers = tuple(sorted(set(int(i) for i in drop_layers)))
     stat = source.stat()
     key = hashlib.sha256(repr((str(source.resolve()), stat.st_size, stat.st_mtime_ns,
-                               weight_type and weight_type.value, layers)).encode()).hexdigest()[:16]
+                               weight_type and weight_type.value, layers, _DERIVED_FORMAT)).encode()).hexdigest()[:16]
     folder = Path(cache) if cache is not None else cache_root() / "derived"
     copy = folder / f"{source.stem}-{weight_type.value if weight_type else 'copy'}-{key}.gguf"
     if copy.is_file():
@@ -837,5 +842,64 @@ def derived_gguf(source: str | os.PathLike, weight_type: GGUFType | str | None =
         partial.unlink(missing_ok=True)
         raise InputFileError(f"llama.cpp could not write a {weight_type.value if weight_type else 'copy'} of "
                              f"{source}{f' without layers {list(layers)}' if layers else ''} (status {status})")
+    pattern = kept_window_pattern(gguf_file.read_header(source).metadata, layers)
+    if pattern is not None:
+        windows = partial.with_suffix(".windows")
+        try:
+            _copy_with_window_pattern(partial, windows, pattern)
+        except BaseException:
+            windows.unlink(missing_ok=True)
+            raise
+        finally:
+            partial.unlink(missing_ok=True)
+        partial = windows
     os.replace(partial, copy)
     return copy
+
+
+#: the sliding-window pattern llama.cpp gives an architecture whose file names none (its loaders'
+#: ``load_swa_pattern(ml, n, dense_first)``): every n-th layer attends to the whole context (the first of each n
+#: with ``dense_first``, else the last), the others to a window
+_DEFAULT_WINDOW_PATTERNS = {"gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False), "cohere2": (4, False),
+                            "gpt-oss": (2, False), "olmo2": (4, False), "exaone4": (4, False)}
+
+
+def kept_window_pattern(metadata: dict, dropped: tuple[int, ...]) -> list[bool] | None:
+    """Which of the layers kept after dropping ``dropped`` attend to a sliding window, in order, for a GGUF whose
+    ``metadata`` gives it sliding-window layers; None where nothing is dropped or no layer slides. llama.cpp
+    derives the pattern from a layer's index, and its quantiser renumbers the layers it keeps, so a copy without
+    some layers would put the whole-context layers (and their rotary base) at other layers: the copy names the
+    kept layers' pattern instead. Example: Gemma 3's 18 layers, 5, 11 and 17 whole-context; without layers 9 and
+    13, the kept 16 have them at 5, 10 and 15, where llama.cpp would have put them at 5 and 11."""
+    arch = metadata.get("general.architecture")
+    if not dropped or not metadata.get(f"{arch}.attention.sliding_window"):
+        return None
+    layers = int(metadata[f"{arch}.block_count"])
+    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        sliding = [bool(x) for x in pattern[:layers]]
+    else:
+        if pattern is None and arch not in _DEFAULT_WINDOW_PATTERNS:
+            raise ConfigError(f"cannot leave layers out of this {arch} model: its file does not say which layers "
+                              "attend to a sliding window, and genspec does not know llama.cpp's default for it")
+        every, dense_first = _DEFAULT_WINDOW_PATTERNS.get(arch, (0, False))
+        every = every if pattern is None else int(pattern)
+        sliding = [every == 0 or (i % every != 0 if dense_first else i % every < every - 1) for i in range(layers)]
+    return [sliding[i] for i in range(layers) if i not in set(dropped)]
+
+
+def _copy_with_window_pattern(source: Path, destination: Path, pattern: list[bool]) -> None:
+    """Copy the GGUF ``source`` to ``destination`` with its sliding-window pattern set to ``pattern`` (one bool per
+    layer), by gguf-py's own metadata copier."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(str(source))
+    arch = str(reader.fields["general.architecture"].contents())
+    writer = gguf.GGUFWriter(str(destination), arch=arch, endianess=reader.endianess)
+    alignment = reader.fields.get("general.alignment")
+    if alignment is not None:
+        writer.data_alignment = int(alignment.contents())
+    pattern_key = f"{arch}.attention.sliding_window_pattern"
+    copy_with_new_metadata(reader, writer, {pattern_key: MetadataDetails(
+        gguf.GGUFValueType.ARRAY, pattern, sub_type=gguf.GGUFValueType.BOOL)}, [])
