@@ -98,7 +98,7 @@ def test_readme_is_a_short_front_door_with_the_two_commands():
 def test_the_front_pages_say_where_speculation_is_exact():
     """The README's and the manual's opening paragraph promise what holds on every backend (the acceptance rule
     is lossless) and say where the text is plain decoding's to the token: llama.cpp's exact kernels (the
-    default) and torch in float32, not llama.cpp's fast kernels, whose batched kernels flip near-ties; both link
+    default) and torch with exact kernels, not llama.cpp's fast kernels, whose batched kernels flip near-ties; both link
     the section that explains it. No page promises unchanged output without that caveat, and the Concepts page's
     guarantee names the backends."""
     section = "## What is exact on each backend"
@@ -108,7 +108,7 @@ def test_the_front_pages_say_where_speculation_is_exact():
         text = page.read_text(encoding="utf-8")
         opening = " ".join(text.split("\n\n")[1].split())  # the paragraph under the title, one line
         assert "lossless" in opening and link in opening, page.name
-        assert "llama.cpp" in opening and "PyTorch (float32)" in opening, page.name
+        assert "llama.cpp" in opening and "PyTorch with `--kernels exact`" in opening, page.name
         assert "--kernels exact" in opening or "exact kernels" in opening, page.name
         assert "--kernels fast" in opening and "near-tie" in opening, page.name
     for page in [README, *_manual_pages()]:
