@@ -6,7 +6,9 @@ those of the prompt when a request starts, those of the tokens kept since at eve
 KV cache per request (per layer) over the pairs (target feature at i, token i + 1), fed with the target's
 exact features once tokens are committed (its own guesses are never kept: EAGLE's rule), and drafts a
 chain by feeding its predicted feature back with each drafted token. Logits come from the target's own
-output layer cut to the head's vocabulary; a sampled request draws from that law after the same
+output layer cut to the head's vocabulary (an EAGLE-3 head, :class:`genspec.speculators.head.Eagle3Head`,
+feeds back its own state and has its own output layer:
+:meth:`~genspec.speculators.head.HeadNetwork.draft_logits`); a sampled request draws from that law after the same
 temperature / top-k / top-p processing as the target (one ``process_logits``), and the law goes to the
 verifier, so the standard rule stays exact.
 """
@@ -26,7 +28,7 @@ from genspec.drafters.trained import (FEATURE_HEAD_COST_PRIOR, TRAINED_PATH, TRE
 from genspec.drafters.layer_states import LayerStates
 from genspec.errors import ConfigError
 from genspec.models.hf import transpose_linears
-from genspec.speculators.head import DraftHead
+from genspec.speculators.head import HeadNetwork
 
 
 class _Row:
@@ -105,7 +107,7 @@ class HeadDrafter(Drafter):
                Option("first_threshold", (float, None), 0.0, 1.0, high_open=True),
                Option("prompt_states", (int, None), 1, MAX_PROMPT_STATES))
 
-    def __init__(self, target, head: DraftHead, vocab_ids: list[int], tree_nodes: int = DEFAULT_TREE_NODES,
+    def __init__(self, target, head: HeadNetwork, vocab_ids: list[int], tree_nodes: int = DEFAULT_TREE_NODES,
                  tree_top_k: int = DEFAULT_TREE_TOP_K, tree_first: int = DEFAULT_TREE_FIRST, first_threshold: float = 0.0,
                  prompt_states: int | None = DEFAULT_PROMPT_STATES, fast_kernels: bool = True):
         self.check_options({"tree_nodes": tree_nodes, "tree_top_k": tree_top_k, "tree_first": tree_first,
@@ -121,8 +123,13 @@ class HeadDrafter(Drafter):
         if fast_kernels:
             transpose_linears(self.head)
         self.embed = target.token_embeddings
+        if head.config.vocab_size and len(vocab_ids) != head.config.vocab_size:
+            raise ConfigError(f"the head's output layer has {head.config.vocab_size} rows, its vocabulary "
+                              f"{len(vocab_ids)} tokens")
         self.vocab = torch.as_tensor(vocab_ids, dtype=torch.long, device=self.device)
-        self.logits_of = target.subset_head(self.vocab)
+        # the target's rows of the head's vocabulary: what a head predicting the target's features drafts from
+        # (an EAGLE-3 head has its own output layer: HeadNetwork.draft_logits)
+        self.target_logits = target.subset_head(self.vocab)
         self.vocab_size = target.vocab_size
         config = head.config
         self._empty = torch.zeros(config.num_layers, config.num_kv_heads, 0, config.head_dim, dtype=self.dtype,
@@ -177,7 +184,7 @@ class HeadDrafter(Drafter):
     def _run(self, rows: list[_Row], x: torch.Tensor, positions: torch.Tensor,
              counts: list[int], extra: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None):
         """The head on a block of pairs per row (their first-layer inputs ``x`` ``[R, n, H]``, from
-        :meth:`_drafted`, or ``DraftHead.committed_inputs`` for committed pairs;
+        :meth:`_drafted`, or ``HeadNetwork.committed_inputs`` for committed pairs;
         ``positions`` ``[R, n]``; the first ``counts[r]`` real),
         attending over each row's cache and, with
         ``extra``, per row ``(keys, values, mask)``: drafted pairs after the cache (``[L, kv_heads, E, d]``)
@@ -207,6 +214,10 @@ class HeadDrafter(Drafter):
             return attended
 
         return self.head.run(x, positions, attention)
+
+    def _logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """The draft logits over the head's vocabulary of predicted states ``[..., H]``."""
+        return self.head.draft_logits(predicted, self.target_logits)
 
     def _drafted(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """First-layer inputs of drafted pairs (predicted features ``[R, n, H]``, drafted ``tokens`` ``[R, n]``)."""
@@ -274,7 +285,7 @@ class HeadDrafter(Drafter):
         self.read(requests)
         active = [i for i, r in enumerate(requests) if self._able(r)]
         # the first draft tokens' logits, once: for the threshold and for drafting
-        first = self.logits_of(torch.stack([self._rows[requests[i].request_id].root for i in active])) if active else None
+        first = self._logits(torch.stack([self._rows[requests[i].request_id].root for i in active])) if active else None
         if self.first_threshold > 0 and active:
             sure = first.float().softmax(-1).amax(-1) >= self.first_threshold
             active, first = [i for i, ok in zip(active, sure.tolist()) if ok], first[sure]
@@ -303,7 +314,7 @@ class HeadDrafter(Drafter):
         drafted_k, drafted_v = [self._empty] * len(rows), [self._empty] * len(rows)
         for depth in range(max(need)):
             drawing = [depth < n for n in need]
-            law, tokens = draw(first if depth == 0 else self.logits_of(predicted), self.vocab, self.vocab_size, contexts,
+            law, tokens = draw(first if depth == 0 else self._logits(predicted), self.vocab, self.vocab_size, contexts,
                                [s + c for s, c in zip(sequences, chains)], drawing)
             for r in range(len(rows)):
                 if drawing[r]:
@@ -377,7 +388,7 @@ class HeadDrafter(Drafter):
                 extra.append((torch.cat([nodes[r][a].state[1] for a in ran], dim=2) if ran else self._empty,
                               torch.cat([nodes[r][a].state[2] for a in ran], dim=2) if ran else self._empty, mask))
             out, k, v = self._run(rows, self._drafted(features, tokens), positions, [len(c) for c in chosen], extra)
-            values, indices = best(self.logits_of(out))
+            values, indices = best(self._logits(out))
             for r, picked in enumerate(chosen):
                 frontier[r] = []
                 for j, i in enumerate(picked):

@@ -12,14 +12,14 @@ from torch import nn
 
 from genspec.errors import ConfigError, InputFileError
 from genspec.speculators.distilled import DraftConfig
-from genspec.speculators.head import DraftHead, HeadConfig
+from genspec.speculators.head import HeadConfig, head_network
 from genspec.speculators.medusa import MedusaConfig, MedusaHeads
 from genspec.speculators.recurrent import draft_network
 
 
 #: the speculator kinds a saved directory may hold, by the ``kind`` in its head.json: (network from its shape,
-#: shape); a draft's network is the one its shape's ``arch`` names
-KINDS = {"head": (DraftHead, HeadConfig), "medusa": (MedusaHeads, MedusaConfig), "draft": (draft_network, DraftConfig)}
+#: shape); a head's network is the one its shape's ``shape`` names, a draft's the one its ``arch`` names
+KINDS = {"head": (head_network, HeadConfig), "medusa": (MedusaHeads, MedusaConfig), "draft": (draft_network, DraftConfig)}
 
 
 def target_fingerprint(target) -> str:
