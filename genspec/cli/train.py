@@ -1,7 +1,8 @@
 """``genspec train KIND``: train a speculator for a model on this machine.
 
 - ``head``: an EAGLE-style draft head on the target's own features (:mod:`genspec.speculators.head`), used
-  with ``--drafter head -O path=DIR``;
+  with ``--drafter head -O path=DIR``; ``--shape eagle3`` makes EAGLE-3's, which ``genspec export head`` writes
+  for llama.cpp and vLLM;
 - ``medusa``: Medusa-1 heads on the target's last feature, used with ``--drafter medusa -O path=DIR``;
 - ``draft``: a tiny standalone draft model distilled from the target (a transformer, or with ``--arch gru|lstm`` a
   recurrent network), ``--drafter draft -O path=DIR``.
@@ -27,7 +28,7 @@ from genspec.drafters.registry import DRAFTERS
 from genspec.errors import ConfigError, InputFileError
 from genspec.models.hf import HFCausalLM
 from genspec.speculators.distilled import DRAFT_ARCHS, DraftConfig
-from genspec.speculators.head import HeadConfig
+from genspec.speculators.head import HeadConfig, HeadShape, eagle3_layers
 from genspec.speculators.medusa import MedusaConfig
 from genspec.speculators.store import HEAD_CONFIG, target_fingerprint
 from genspec.textfiles import check_output_dir
@@ -49,7 +50,8 @@ DEFAULT_TOKEN_LAYERS = 0
 BENCH_PROMPTS_EXCLUDED = 5
 
 
-KINDS = {"head": "an EAGLE-style draft head on the target's own features (one decoder layer, or --layers N)",
+KINDS = {"head": "an EAGLE-style draft head on the target's own features (one decoder layer, or --layers N; "
+                 "--shape eagle3: EAGLE-3's, for llama.cpp and vLLM)",
          "medusa": "Medusa-1 heads: K residual blocks on the target's last feature",
          "draft": "a tiny standalone draft model with the target's tokenizer, distilled from its laws (a transformer, "
                   "or --arch gru|lstm)"}
@@ -80,7 +82,12 @@ def add_parser(subparsers) -> None:
                                 "next token instead of its embedding (default %(default)s: the embedding, EAGLE's)")
             p.add_argument("--feature-layers", default="", metavar="L1,L2,...",
                            help="a committed pair's feature fuses the target's final one with the outputs of these "
-                                "layers (EAGLE-3's: e.g. 3,9,14 of 18; default: the final feature only)")
+                                "layers (EAGLE-3's: e.g. 3,9,14 of 18; default: the final feature only; with --shape "
+                                "eagle3 exactly three, default llama.cpp's converter's 2,n/2,n-3)")
+            p.add_argument("--shape", choices=[shape.value for shape in HeadShape], default=HeadShape.EAGLE.value,
+                           help="the head's layout: eagle (genspec's, default) or eagle3 (llama.cpp's and vLLM's "
+                                "EAGLE-3: three target layers fused, its own output layer over the draft vocabulary; "
+                                "genspec export head writes it for them)")
         if kind == "medusa":
             p.add_argument("--num-heads", type=int, default=4, help="heads (the longest draft)")
         if kind == "draft":
@@ -212,6 +219,14 @@ def check_arguments(args) -> TrainSettings:
                           f"split it evenly), got {args.width}")
     if getattr(args, "feature_layers", "") and layers is not None:
         _layer_list(args.feature_layers, layers)
+    if getattr(args, "shape", None) == HeadShape.EAGLE3:
+        if args.layers != 1 or args.token_layers:
+            raise ConfigError("--shape eagle3 has one decoder layer and reads token embeddings: --layers 1, no --token-layers")
+        given = [part for part in args.feature_layers.split(",") if part.strip()]
+        if given and len(given) != 3:
+            raise ConfigError(f"--shape eagle3 reads exactly three --feature-layers, got {args.feature_layers!r}")
+        if not given and layers is not None:
+            eagle3_layers(layers)  # a target with too few layers is refused now
     return TrainSettings(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
 
 
@@ -228,13 +243,17 @@ def run(args) -> int:
     if token_layers >= target.num_layers:
         raise ConfigError(f"--token-layers must be below the target's {target.num_layers} layers, got {token_layers}")
     feature_layers = _layer_list(getattr(args, "feature_layers", ""), target.num_layers)
+    shape = HeadShape(getattr(args, "shape", HeadShape.EAGLE))
+    if shape is HeadShape.EAGLE3 and not feature_layers:
+        feature_layers = eagle3_layers(target.num_layers)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
         data = _sequences(args, target, out, given, texts, progress)
         vocab = choose_vocabulary([data.sequences[i] for i in data.train], args.vocab_size, target.eos_token_ids)
         config = {"head": lambda: HeadConfig(target.config.hidden_size, num_layers=args.layers, token_layers=token_layers,
-                                             feature_layers=feature_layers),
+                                             feature_layers=feature_layers, shape=shape,
+                                             vocab_size=len(vocab) if shape is HeadShape.EAGLE3 else 0),
                   "medusa": lambda: MedusaConfig(target.config.hidden_size, args.num_heads),
                   "draft": lambda: DraftConfig(target.config.hidden_size, len(vocab) + 1, width=args.width,
                                                num_layers=args.layers, max_positions=target.max_context or 8192,

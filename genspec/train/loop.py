@@ -78,6 +78,8 @@ def train_head(target, train: list[tuple[torch.Tensor, torch.Tensor]], held_out:
     state = resumable_state(out, config) if resume else None
     torch.manual_seed(settings.seed)
     head = module(config).to(torch.float32).train()
+    if kind == "head":
+        head.start_from(target, vocab_ids)
     loss_of = LOSSES[kind]
     vocab = torch.as_tensor(vocab_ids, dtype=torch.long)
     embedding = target.model.get_input_embeddings()

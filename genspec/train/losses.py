@@ -7,6 +7,11 @@ target's law at i + 1, both over the head's vocabulary (the target's logits of t
 same rows of its output layer). Uniform noise on the input features (EAGLE's) teaches the head to draft from
 its own imperfect predictions.
 
+An EAGLE-3 head (:class:`genspec.speculators.head.Eagle3Head`, ``predicts_features`` False) predicts its own
+state, not the target's feature: no regression, only the cross-entropy of its own draft law against the
+target's (weight 1), on committed pairs and on drafted ones reading its own previous prediction (EAGLE-3's
+training-time test).
+
 Medusa heads (:func:`medusa_loss`): head j, from feature f_i, learns the target's law at i + 2 + j
 (self-distillation: the cross-entropy against the law of the true f_{i+1+j}), weighted 0.8^j as in Medusa.
 
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from genspec.speculators.distilled import DistilledDraft
-from genspec.speculators.head import DraftHead
+from genspec.speculators.head import HeadNetwork
 from genspec.speculators.medusa import MedusaHeads
 from genspec.speculators.recurrent import RecurrentDraft
 from genspec.train.settings import TrainSettings
@@ -38,7 +43,7 @@ class Teacher:
     to_local: torch.Tensor
 
 
-def head_loss(head: DraftHead, teacher: Teacher, tokens: torch.Tensor, features: torch.Tensor,
+def head_loss(head: HeadNetwork, teacher: Teacher, tokens: torch.Tensor, features: torch.Tensor,
               mask: torch.Tensor, settings: TrainSettings, generator: torch.Generator | None = None):
     """``(loss, regression, classification, top-1 agreement)`` on a padded batch: ``tokens`` ``[B, n + 1]``,
     ``features`` ``[B, n, H]`` (f_0..f_{n-1}), ``mask`` ``[B, n - 1]`` the pairs with a known next feature.
@@ -55,33 +60,41 @@ def head_loss(head: DraftHead, teacher: Teacher, tokens: torch.Tensor, features:
         inputs = inputs + settings.noise * scale * noise
     embeddings = teacher.embed(tokens[:, 1:-1]).to(features.dtype)
     if not head.splits:
-        return feature_loss(head(inputs, embeddings), wanted, teacher, mask, settings)  # predicts f_1..f_{n-1}
-    # own_drafted_features: EAGLE-3's training-time test (pair 0 has no prediction: its noisy feature stays)
+        return feature_loss(head, head(inputs, embeddings), wanted, teacher, mask, settings)  # predicts f_1..f_{n-1}
+    # own_drafted_features: EAGLE-3's training-time test (pair 0 has no prediction: its noisy feature stays). A
+    # head predicting its own states always reads them: the target's features are not states of its kind
+    own = settings.own_drafted_features or not head.predicts_features
     states = features[:, 1:, width:] if head.config.token_layers else None
-    committed, drafted = head(exact, embeddings, states, drafted_features=inputs,
-                              own_predictions=settings.own_drafted_features)
+    committed, drafted = head(exact, embeddings, states, drafted_features=inputs, own_predictions=own)
     with torch.no_grad():
         target_logits = teacher.logits_of(wanted).float()
-    first = feature_loss(committed, wanted, teacher, mask, settings, target_logits)
-    later = feature_loss(drafted, wanted, teacher, mask, settings, target_logits)
+    first = feature_loss(head, committed, wanted, teacher, mask, settings, target_logits)
+    # drafted pair 0 has no earlier prediction to read: for a head of its own states it teaches nothing
+    drafted_mask = mask if head.predicts_features else torch.cat([torch.zeros_like(mask[:, :1]), mask[:, 1:]], dim=1)
+    later = feature_loss(head, drafted, wanted, teacher, drafted_mask, settings, target_logits)
     return (first[0] + later[0],) + first[1:]
 
 
-def feature_loss(predicted: torch.Tensor, wanted: torch.Tensor, teacher: Teacher, mask: torch.Tensor,
+def feature_loss(head: HeadNetwork, predicted: torch.Tensor, wanted: torch.Tensor, teacher: Teacher, mask: torch.Tensor,
                  settings: TrainSettings, target_logits: torch.Tensor | None = None):
-    """EAGLE's loss of predicted features ``[B, n, H]`` against the target's ``wanted`` ones, over the pairs
-    in ``mask``: ``(loss, regression, classification, top-1 agreement)`` as :func:`head_loss` returns them.
-    ``target_logits``: those of ``wanted`` if already computed."""
-    regression = torch.nn.functional.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
-    draft = teacher.logits_of(predicted).float().log_softmax(-1)
+    """EAGLE's loss of ``head``'s predicted states ``[B, n, H]`` against the target's ``wanted`` features, over
+    the pairs in ``mask``: ``(loss, regression, classification, top-1 agreement)`` as :func:`head_loss` returns
+    them. ``target_logits``: those of ``wanted`` if already computed. A head that does not predict the target's
+    features (:attr:`~genspec.speculators.head.HeadNetwork.predicts_features`) is not regressed: its loss is the
+    cross-entropy alone."""
+    draft = head.draft_logits(predicted, teacher.logits_of).float().log_softmax(-1)
     if target_logits is None:
         with torch.no_grad():
             target_logits = teacher.logits_of(wanted).float()
     classification = -(target_logits.softmax(-1) * draft).sum(-1)
-    weight = mask.to(regression.dtype)
+    weight = mask.to(classification.dtype)
     total = weight.sum().clamp(min=1)
-    regression, classification = (regression * weight).sum() / total, (classification * weight).sum() / total
+    classification = (classification * weight).sum() / total
     agree = ((draft.argmax(-1) == target_logits.argmax(-1)).to(weight.dtype) * weight).sum() / total
+    if not head.predicts_features:
+        return classification, classification.new_zeros(()), classification, agree
+    regression = torch.nn.functional.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
+    regression = (regression * weight).sum() / total
     return regression + settings.classification_weight * classification, regression, classification, agree
 
 
