@@ -28,6 +28,7 @@ _SUBCOMMANDS = [
     "genspec.cli.index",
     "genspec.cli.calibrate",
     "genspec.cli.train",
+    "genspec.cli.export",
     "genspec.cli.bench",
     "genspec.cli.tradeoff",
     "genspec.cli.serve",
