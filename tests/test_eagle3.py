@@ -31,7 +31,7 @@ from genspec.speculators.export import (
 from genspec.speculators.head import DraftHead, Eagle3Head, HeadConfig, HeadShape
 from genspec.speculators.store import load_head
 from genspec.train.data import choose_vocabulary, record_features
-from genspec.train.loop import train_head
+from genspec.train.loop import resumable_state, train_head
 from genspec.train.settings import TrainSettings
 
 LAYERS = (1, 2, 3)  # of a 4-layer target: the inputs of its layers 1, 2 and 3
@@ -81,10 +81,12 @@ def test_an_eagle3_shape_takes_three_layers_one_layer_and_its_vocabulary():
 
 
 def test_training_teaches_the_head_its_targets_next_tokens(trained):
-    _, _, _, head, vocab_ids, log = trained
+    root, _, _, head, vocab_ids, log = trained
     assert isinstance(head, Eagle3Head) and head.config.feature_layers == LAYERS and len(vocab_ids) == head.config.vocab_size
     assert all(entry["regression"] == 0 for entry in log["loss"])  # its own states: no feature regression
     assert log["held_out_after"]["agreement"] > log["held_out_before"]["agreement"] + 0.2
+    # its checkpoint holds plain data only (the shape by name), so training can resume from it
+    assert resumable_state(root / "head", head.config)["step"] == 150
 
 
 @pytest.mark.parametrize("tree_nodes", [0, 4])

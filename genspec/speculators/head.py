@@ -84,7 +84,8 @@ class HeadConfig:
         return self.hidden_size * (1 + len(self.feature_layers))
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Plain values only (the shape by its name): a training checkpoint holding this loads without pickle."""
+        return {**asdict(self), "shape": self.shape.value}
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
