@@ -336,6 +336,16 @@ def test_genspec_train_head_shape_eagle3_then_export_both_formats(capsys, tmp_pa
                  "--out", str(tmp_path / "eagle3.gguf")]) == 0
     assert (tmp_path / "eagle3.gguf").stat().st_size > 0
     capsys.readouterr()
+    # an earlier export is written over only with --force
+    again = ["export", "head", str(out), "--format", "gguf", "--target-gguf", str(target_gguf),
+             "--out", str(tmp_path / "eagle3.gguf")]
+    assert main(again) == 2 and "pass --force" in capsys.readouterr().err
+    assert main(again + ["--force"]) == 0
+    again = ["export", "head", str(out), "--format", "speculators", "--model", str(tiny_model_dir_4_layers),
+             "--out", str(spec)]
+    assert main(again) == 2 and "--force" in capsys.readouterr().err
+    assert main(again + ["--force"]) == 0
+    capsys.readouterr()
 
     def refused(command, message):
         assert main(command) == 2

@@ -20,6 +20,7 @@ from genspec.speculators.export import (
     export_speculators,
 )
 from genspec.speculators.store import load_head
+from genspec.textfiles import check_output_dir, check_output_file
 
 
 class ExportFormat(StrEnum):
@@ -41,6 +42,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target-gguf", metavar="FILE", help="the target's GGUF (gguf: its tokenizer and context are copied)")
     add_options(p, "model", model={"help": "the target's model directory (speculators: its vocabulary and the "
                                            "verifier named; default: the embedded model)"})
+    p.add_argument("--force", action="store_true",
+                   help="write over an earlier export at --out (refused without it)")
     p.add_argument("--speculative-tokens", type=int, default=SPECULATIVE_TOKENS,
                    help="speculators: the draft length the checkpoint proposes (vLLM's default num_speculative_tokens)")
     p.set_defaults(func=run)
@@ -60,9 +63,12 @@ def _target_config(model: str | None):
 
 
 def run(args) -> int:
-    head, vocab_ids, _, _ = load_head(args.path)
     out = Path(args.out)
-    if ExportFormat(args.format) is ExportFormat.GGUF:
+    gguf = ExportFormat(args.format) is ExportFormat.GGUF
+    # before anything loads: an earlier export is not overwritten without --force
+    (check_output_file(out, "--out", args.force) if gguf else check_output_dir(out, args.force))
+    head, vocab_ids, _, _ = load_head(args.path)
+    if gguf:
         if not args.target_gguf:
             raise ConfigError("--format gguf needs --target-gguf (the target's GGUF: its tokenizer goes in the draft)")
         export_gguf(head, vocab_ids, args.target_gguf, out)
