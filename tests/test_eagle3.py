@@ -303,6 +303,9 @@ def test_llama_server_drafts_with_the_gguf_and_accepts_what_genspec_accepts(trai
             logged = [int(a) for a, _ in re.findall(r"accepted\s+(\d+)/\s*(\d+) draft tokens$", log, re.MULTILINE)]
             assert logged == steps  # step by step, the same draft token kept or not
             assert 0 < sum(steps) < len(steps)  # neither nothing nor everything: the comparison can fail
+            # what the manual quotes (pytest -s shows it)
+            print(f"prompt {prompt!r}: genspec kept {sum(steps)} of {len(steps)}, llama-server "
+                  f"{timings['draft_n_accepted']} of {timings['draft_n']}")
     assert server.process.poll() is not None  # stopped
 
 
