@@ -61,6 +61,14 @@ def require_eagle3(head: HeadNetwork, where: str = "the head") -> None:
                           f"genspec train head --shape {HeadShape.EAGLE3} exports to llama.cpp or vLLM")
 
 
+def check_vocabulary(head: HeadNetwork, vocab_ids: list[int], target_tokens: int) -> None:
+    """Refuse a draft vocabulary that is not ``head``'s size in distinct ids below the target's ``target_tokens``."""
+    ids = [int(i) for i in vocab_ids]
+    if len(ids) != head.config.vocab_size or len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= target_tokens:
+        raise ConfigError(f"the head's vocabulary must be {head.config.vocab_size} distinct ids below the target's "
+                          f"{target_tokens} tokens")
+
+
 def permute_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
     """q / k rows from HF's rotate-half rotary layout to llama.cpp's interleaved one (its converter's ``permute``)."""
     return (weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
@@ -105,10 +113,8 @@ def export_gguf(head: HeadNetwork, vocab_ids: list[int], target_gguf: str | Path
     if not all(0 <= layer < layers for layer in config.feature_layers):
         raise ConfigError(f"the head reads target layers {list(config.feature_layers)}; {target_gguf} has {layers}")
     tokens = len(_field(reader, "tokenizer.ggml.tokens", target_gguf))
+    check_vocabulary(head, vocab_ids, tokens)
     ids = np.asarray(vocab_ids, dtype=np.int64)
-    if len(ids) != config.vocab_size or len(set(ids.tolist())) != len(ids) or ids.min() < 0 or ids.max() >= tokens:
-        raise ConfigError(f"the head's vocabulary must be {config.vocab_size} distinct ids below the target's {tokens} "
-                          f"tokens")
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(out), "eagle3")
     writer.add_name("genspec EAGLE-3 head")
@@ -158,11 +164,8 @@ def export_speculators(head: HeadNetwork, vocab_ids: list[int], out: str | Path,
 
     require_eagle3(head)
     config = head.config
+    check_vocabulary(head, vocab_ids, target_vocab_size)
     ids = torch.as_tensor(vocab_ids, dtype=torch.long)
-    if len(ids) != config.vocab_size or len(set(ids.tolist())) != len(ids) or int(ids.min()) < 0 \
-            or int(ids.max()) >= target_vocab_size:
-        raise ConfigError(f"the head's vocabulary must be {config.vocab_size} distinct ids below the target's "
-                          f"{target_vocab_size} tokens")
     order = ids.argsort()
     state = {name: tensor.detach().float().cpu() for name, tensor in head.state_dict().items()}
     tensors = {theirs: state[own] for own, theirs, _, _ in TENSORS}
