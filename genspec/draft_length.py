@@ -332,15 +332,15 @@ class CostModel:
 
 
 def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
-    """``curve`` (width -> seconds, two widths or more) at ``width``: interpolated, or extrapolated with
-    a slope, never below zero. The step from 1 token to 2 is no per-token cost: on a CPU it is where the
-    matrix kernels change (a 2-token block may cost nearly twice a one-token step and a 9-token one barely
-    more than the 2-token one). So the slope is the least-squares slope of the widths >= 2 where two or more are measured; else
-    (width 1 and one wider width) the measured slope or the growth prior's (``growth_prior`` plain steps
-    per token), whichever is lower: an optimistic price is corrected by drafting that width once, a
-    pessimistic one never is (a 1-to-2 slope extrapolated can price a 9-token block at five times what it
-    costs). Any slope above one plain step
-    per token is a jump, not a cost, and the growth prior's stands in."""
+    """``curve`` (width -> seconds, two widths or more) at ``width``: interpolated, or extrapolated with a
+    slope (below the narrowest width, never under its time per token). The step from 1 token to 2 is no
+    per-token cost: on a CPU it is where the matrix kernels change (a 2-token block may cost nearly twice a
+    one-token step and a 9-token one barely more than the 2-token one). So the slope is the least-squares
+    slope of the widths >= 2 where two or more are measured; else (width 1 and one wider width) the measured
+    slope or the growth prior's (``growth_prior`` plain steps per token), whichever is lower: an optimistic
+    price is corrected by drafting that width once, a pessimistic one never is (a 1-to-2 slope extrapolated
+    can price a 9-token block at five times what it costs). Any slope above one plain step per token is a
+    jump, not a cost, and the growth prior's stands in."""
     if width in curve:
         return curve[width]
     below = [w for w in curve if w < width]
@@ -360,8 +360,14 @@ def _along(curve: dict[int, float], width: int, growth_prior: float) -> float:
         slope = min(slope, prior_slope)
     if slope > plain_step:
         slope = prior_slope
-    nearest = max(below) if below else min(above)
-    return max(curve[nearest] + slope * (width - nearest), 0.0)
+    if below:
+        nearest = max(below)
+        return curve[nearest] + slope * (width - nearest)
+    # below every measured width: never under the narrowest one's time per token, since a wider block costs
+    # less per token, not more (widths 50 and 176 measured at 0.10 s and 0.56 s price 16 tokens at 0.032 s,
+    # where their slope alone would reach zero at 23 tokens)
+    nearest = min(above)
+    return max(curve[nearest] + slope * (width - nearest), curve[nearest] * width / nearest)
 
 
 class DraftCost:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tiny_models import tiny_llama
 
 from genspec.draft_length import (EXPLORE_EVERY, MAX_PROBE_WAIT, CostModel, DraftCost, DraftLength, RowPlan, decide, plan,
@@ -1095,3 +1097,33 @@ def test_a_drafter_is_offered_no_more_room_than_its_policy_can_plan():
     asked.clear()
     engine.generate_ids(prompt, max_new_tokens=4, num_draft_tokens=6, eos_token_ids=())
     assert asked[0] == 3  # 4 tokens left: 3 drafts and the token after them
+
+
+# ------------------------------------------------------------------------------ prices are never zero
+_SHAPES = st.tuples(st.integers(1, 16), st.integers(1, 17))  # (rows, tokens)
+_OBSERVATION = st.one_of(
+    st.tuples(st.just("verify"), _SHAPES, st.floats(1e-6, 1.0)),
+    st.tuples(st.just("split"), st.lists(_SHAPES, min_size=2, max_size=4), st.floats(1e-6, 1.0)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_OBSERVATION, min_size=1, max_size=12))
+def test_no_measured_timings_make_a_block_free(observations):
+    """Whatever positive timings the engine observed (a tiny model's steps are noisy microseconds: a wide block
+    can be timed ten times a narrow one), every block the cost model prices costs more than nothing, so a plan's
+    rate (expected tokens over the step's cost) is always defined. A price of zero once failed a server's step
+    with a division by zero."""
+    costs = CostModel()
+    for kind, shape, seconds in observations:
+        if kind == "verify":
+            rows, tokens = shape
+            costs.observe_verify(tokens, seconds, batch=rows)
+        else:
+            costs.observe_split(shape, seconds, batch=sum(rows for rows, _ in shape))
+    for batch in (1, 2, 3, 4, 7, 8, 16):
+        for width in (1, 2, 3, 5, 9, 17):
+            price = costs.verify_cost(width, batch)
+            assert price is None or price > 0, (width, batch, price)
+            assert costs.relative(width, batch) > 0, (width, batch)
+        assert costs.shapes_relative([(1, 5), (batch, 1)], batch + 1) > 0
+        assert costs.shapes_relative([(batch, 3), (2, 9)], batch + 2) > 0

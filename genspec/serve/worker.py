@@ -16,6 +16,7 @@ The routes reach the engine through the worker only; :func:`load_engine` loads i
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -245,7 +246,9 @@ class EngineWorker:
 
     def _fail_in_flight(self, exc: Exception) -> None:
         """A step failed outside any one request's drafting (a bug, or the model itself): the requests in
-        that step fail with the error, the engine is emptied, and the server goes on."""
+        that step fail with the error, the engine is emptied, and the server goes on; the traceback goes
+        to the log (the clients get the one-line message)."""
+        logging.getLogger("genspec.serve").error("a step failed", exc_info=exc)
         message = f"{type(exc).__name__}: {exc}"
         for request_id in list(self._listeners):
             self.engine.cancel(request_id)
