@@ -5,7 +5,7 @@
 - ``layer-skip``: the target with some layers skipped (weights shared; on llama.cpp a GGUF copy without them).
 - ``quantized``: an int8 (dynamic quantisation) copy of the target (on llama.cpp a GGUF copy in fewer bits).
 - ``pruned``: the target structurally pruned by a plan of ``genspec calibrate prune`` (fewer heads, MLP
-  channels and/or layers; what it keeps whole is shared).
+  channels and/or layers; what it keeps whole is shared; on llama.cpp a GGUF copy cut by the plan).
 
 Each is a :class:`~genspec.drafters.draft_model.DraftModelDrafter` over a variant model; they differ only
 in how that model is made from the target. Every one also takes ``draft_vocab_file`` (a
@@ -22,6 +22,7 @@ from genspec.errors import ConfigError, InputFileError
 from genspec.models import variants
 from genspec.models.hf import HFCausalLM
 from genspec.models.llamacpp import GGUFType, Kernels, LlamaCppLM, derived_gguf
+from genspec.models.pruned_gguf import pruned_gguf
 from genspec.speculators.store import target_fingerprint
 
 
@@ -100,7 +101,8 @@ class _SelfDrafter(DraftModelDrafter):
         """The GGUF file of this drafter's model for a llama.cpp target (:func:`derived_gguf`); a kind that has
         none is refused for that backend."""
         raise ConfigError(f"drafter {cls.name!r} on the llamacpp backend: it builds its draft from the target's "
-                          "layers as a torch model (--backend torch); quantized and layer-skip have GGUF copies")
+                          "layers as a torch model (--backend torch); quantized, layer-skip and pruned have GGUF "
+                          "copies")
 
 
 class EarlyExitDrafter(_SelfDrafter):
@@ -175,7 +177,7 @@ PLAN = "a pruning plan: -O path=PLAN.json (written by genspec calibrate prune)"
 PLAN_NEEDED = f"drafter 'pruned' needs {PLAN}"
 
 
-def read_prune_plan(path: str | None, target: HFCausalLM) -> dict:
+def read_prune_plan(path: str | None, target: HFCausalLM | LlamaCppLM) -> dict:
     """The plan a ``genspec calibrate prune`` wrote to ``path`` for ``target``: its ``layers``, ``heads``
     and ``channels``, and ``weights``: the file of its healed weights, or None (a plan made for another
     model is refused)."""
@@ -195,7 +197,8 @@ def read_prune_plan(path: str | None, target: HFCausalLM) -> dict:
 class PrunedDrafter(_SelfDrafter):
     """Option ``path``: a pruning plan written by ``genspec calibrate prune`` (required): the target with
     the heads, MLP channels and layers it names removed (and its healed weights, if it was healed) drafts
-    for the target."""
+    for the target; for a llama.cpp target, as a GGUF copy of the target's file cut by the plan
+    (:func:`~genspec.models.pruned_gguf.pruned_gguf`), made once and cached."""
 
     name = "pruned"
     options = _SelfDrafter.options + (Option("path", PATH, needed=PLAN),)
@@ -210,3 +213,11 @@ class PrunedDrafter(_SelfDrafter):
         if plan["weights"] is not None:  # healed by genspec calibrate prune --heal-steps
             variants.load_own_weights(plan["weights"], model, target)
         return model
+
+    @classmethod
+    def gguf_variant(cls, target, path: str | None = None):
+        plan = read_prune_plan(path, target)
+        try:
+            return pruned_gguf(target.path, plan["layers"], plan["heads"], plan["channels"], plan["weights"])
+        except ConfigError as exc:
+            raise InputFileError(f"{path}: cannot prune this GGUF model by it: {exc}") from exc
