@@ -27,8 +27,8 @@ off, probed with a single token now and then (until its time is measured, a draf
 at what the drafter declares, ``DrafterCapabilities.draft_cost_prior``: a new engine does not draft blind with it).
 
 Probes are priced: a probe costs its draft position and the wider verify block, and probes may spend
-``PROBE_SHARE`` of the idle time, so a drafter whose probe costs 0.6 of a plain step is probed after 6
-idle steps, a trained head (about 0.08 of a step to draft, 0.05 to verify one token more) after 2. That
+``PROBE_SHARE`` (3%) of the idle time, so a drafter whose probe costs 0.6 of a plain step is probed after
+20 idle steps, a trained head (about 0.08 of a step to draft, 0.05 to verify one token more) after 5. That
 wait is multiplied by a backoff that each probe moves: a failed one multiplies it by 2^price, a kept one
 by 2^(price - 1) (price in plain steps, capped at 1, so a probe that cannot pay doubles it on failure).
 Its logarithm is a random walk with drift price - acceptance: it grows, and probes thin out up to 256
@@ -91,10 +91,12 @@ class DraftLengthPolicy(StrEnum):
 POLICIES = tuple(policy.value for policy in DraftLengthPolicy)
 #: how much faster than plain decoding the cost policy's estimate must be before it drafts at all
 MARGIN = 1.1
-#: probes of a switched-off costly drafter spend at most this share of the idle time (:meth:`DraftLength.probe_wait`),
-#: and a probe may cost at most this share of the plain decoding time its request has left
-#: (:func:`probe_affordable`): a drafter that turns out useless costs about a tenth of plain speed at most
-PROBE_SHARE = 0.1
+#: probes of a switched-off costly drafter spend at most this share of the idle time (:meth:`DraftLength.probe_wait`):
+#: a drafter that keeps failing its probes costs about 3% of plain speed once it is switched off
+PROBE_SHARE = 0.03
+#: a probe may cost at most this share of the plain decoding time its request has left (:func:`probe_affordable`),
+#: its reading of the request included: a useless drafter costs a fresh request about a tenth of plain speed at most
+PROBE_BUDGET = 0.1
 #: the longest wait, in idle steps, between probes of a switched-off costly drafter
 MAX_PROBE_WAIT = 256
 #: after the first, one plan in this many (among those where a width not yet measured would win at the
@@ -424,7 +426,7 @@ def probe_affordable(draft_cost: DraftCost, costs: CostModel, batch: int, read_t
     when it must first read ``read_tokens`` of the request (:meth:`Drafter.catch_up_tokens`)? The probe
     costs a one-position draft (:meth:`DraftCost.draft_steps`) and that reading, each of its tokens priced at
     the drafter's cost per position (a model reads a prompt token for about what the target's prefill pays per token, times the drafter's size
-    relative to the target); it is made only if that is at most ``PROBE_SHARE`` of the plain decoding
+    relative to the target); it is made only if that is at most ``PROBE_BUDGET`` of the plain decoding
     time left. A useless drafter then costs about a tenth of plain speed at most, where reading a long
     prompt (a layer skip reading a 1,500-token document) to probe a 32-token answer would cost more than the
     answer. A probe of a request with a long prompt and a short answer is skipped: the drafter could not win
@@ -433,7 +435,7 @@ def probe_affordable(draft_cost: DraftCost, costs: CostModel, batch: int, read_t
     if not step:
         return True
     reading = read_tokens * (costs.prefill_per_token or step) / step
-    return draft_cost.draft_steps(step, 1) + draft_cost.steps(step) * reading <= PROBE_SHARE * room
+    return draft_cost.draft_steps(step, 1) + draft_cost.steps(step) * reading <= PROBE_BUDGET * room
 
 
 class Acceptance:

@@ -89,8 +89,8 @@ def _probes(policy: DraftLength, steps: int, kept=lambda n: False) -> list[int]:
 
 
 def test_switched_off_drafter_is_probed_at_its_price_with_backoff():
-    """Probes spend a tenth of the idle time at their price: verifying 2 tokens costs 2 plain steps here
-    (one step more), so the first probe comes after 10 idle steps; each failed probe doubles the wait."""
+    """Probes spend 3% of the idle time at their price: verifying 2 tokens costs 2 plain steps here (one
+    step more), so the first probe comes after 34 idle steps; each failed probe doubles the wait."""
     costs = CostModel()
     costs.observe_verify(1, 0.1)
     for width in range(2, 10):
@@ -98,7 +98,7 @@ def test_switched_off_drafter_is_probed_at_its_price_with_backoff():
     policy = DraftLength("cost", k_max=8, cost_model=costs)
     for _ in range(30):
         policy.update(drafted=8, accepted=0)
-    assert _probes(policy, 10 + 20 + 40) == [9, 9 + 20, 9 + 20 + 40]
+    assert _probes(policy, 34 + 68 + 136) == [33, 33 + 68, 33 + 68 + 136]
 
 
 def _probe_waits(policy: DraftLength, kept: list[bool]) -> list[int]:
@@ -117,10 +117,10 @@ def _probe_waits(policy: DraftLength, kept: list[bool]) -> list[int]:
 def test_a_cheap_drafter_is_probed_often_and_its_backoff_follows_break_even():
     """A head costing 0.08 of a plain step per token, with one token more verified at 0.1 of a step: a
     probe costs 0.18 steps, which is also the break-even acceptance of a one-token draft, so one comes
-    every 2 idle steps, and the backoff moves by 2^0.18 per failed probe and 2^-0.82 per kept one. Probes
-    kept half the time (above break-even) keep the wait at 2 or 3; probes never kept, or kept 1 time in 10
+    every 6 idle steps, and the backoff moves by 2^0.18 per failed probe and 2^-0.82 per kept one. Probes
+    kept half the time (above break-even) keep the wait at 6 or 7; probes never kept, or kept 1 time in 10
     (below break-even), thin out to the longest wait. A drafter at the prior (half a step per position)
-    waits 6."""
+    waits 20."""
     costs = CostModel()
     for width in range(1, 10):
         costs.observe_verify(width, 0.1 * (1 + 0.1 * (width - 1)))
@@ -131,15 +131,15 @@ def test_a_cheap_drafter_is_probed_often_and_its_backoff_follows_break_even():
         return DraftLength("cost", k_max=8, cost_model=costs, draft_cost=head)
 
     assert policy().probe_price() == pytest.approx(0.18)
-    assert policy().probe_wait() == 2
+    assert policy().probe_wait() == 6
     failing = _probe_waits(policy(), [False] * 80)
-    expected = [2] + [min(MAX_PROBE_WAIT, math.ceil(2 * 2 ** (0.18 * n) - 1e-9)) for n in range(1, 80)]
+    expected = [6] + [min(MAX_PROBE_WAIT, math.ceil(6 * 2 ** (0.18 * n) - 1e-9)) for n in range(1, 80)]
     assert failing == expected and failing[-1] == MAX_PROBE_WAIT
-    assert set(_probe_waits(policy(), [n % 2 == 0 for n in range(80)])) == {2, 3}  # 3 after a failed one
+    assert set(_probe_waits(policy(), [n % 2 == 0 for n in range(80)])) == {6, 7}  # 7 after a failed one
     rare = _probe_waits(policy(), [n % 10 == 9 for n in range(300)])
     assert rare[:10] == failing[:10] and rare[10] < rare[9] and rare[-1] == MAX_PROBE_WAIT
     prior = DraftLength("cost", k_max=8, cost_model=costs, draft_cost=DraftCost())
-    assert prior.probe_wait() == 6
+    assert prior.probe_wait() == 20
 
 
 @pytest.mark.parametrize("policy, seed", [("heuristic", 41), ("cost", 42)])
@@ -636,7 +636,7 @@ def test_a_trees_probe_is_priced_by_its_first_level():
     chain = DraftLength("cost", k_max=4, cost_model=costs, draft_cost=DraftCost(prior_steps=0.05))
     tree = DraftLength("cost", k_max=4, cost_model=costs, draft_cost=DraftCost(prior_steps=0.05), probe_tokens=4)
     assert chain.probe_price() == pytest.approx(0.15) and tree.probe_price() == pytest.approx(0.45)
-    assert (chain.probe_wait(), tree.probe_wait()) == (2, 5)
+    assert (chain.probe_wait(), tree.probe_wait()) == (5, 15)  # their prices over PROBE_SHARE (3%)
 
 
 def test_fixed_rows_draft_their_own_k_and_cost_rows_join_when_it_pays():
@@ -816,7 +816,7 @@ def test_the_engine_prices_a_costly_drafters_draft_by_the_block_it_declares(decl
     drafting_steps = (result.stats.drafted_per_position or [0])[0]
     if declared_block is None:
         assert drafting_steps >= result.stats.target_calls - 2
-    else:  # a probe costs 9 plain steps here, so none is due within 40 tokens (PROBE_SHARE: 90 idle steps)
+    else:  # a probe costs 9 plain steps here, so none is due within 40 tokens (PROBE_SHARE: 300 idle steps)
         assert drafting_steps == 0 and result.stats.target_calls == 40
 
 
@@ -927,7 +927,7 @@ def test_an_unmeasured_costly_drafter_is_priced_at_its_prior_not_free():
     free, costly = DraftLength("cost", 8, costs), DraftLength("cost", 8, costs, DraftCost())
     assert free.limit(probe=False) > 0  # the prior acceptance pays for a drafter that costs nothing
     assert costly.limit(probe=False) == 0
-    assert [costly.limit() for _ in range(6)] == [0] * 5 + [1]  # a probe costs 0.5 + 0.1 steps: after 6 idle ones
+    assert [costly.limit() for _ in range(20)] == [0] * 19 + [1]  # a probe costs 0.5 + 0.1 steps: after 20 idle ones
     assert DraftCost().steps(0.1) == 0.5
     cheap = DraftCost()
     cheap.observe(positions=4, seconds=0.04)  # a tenth of a plain step per position
@@ -956,7 +956,7 @@ def test_a_probe_is_made_only_when_its_reading_costs_a_tenth_of_the_time_left_at
 
 def test_decide_probes_a_switched_off_costly_row_when_affordable_and_never_a_free_one():
     """``decide``: the plan, then the cost policy's probes (as ``limit`` makes them for one request alone): a
-    costly row the plan switched off drafts one token after 6 idle steps (a probe costs 0.5 + 0.1 steps) if
+    costly row the plan switched off drafts one token after 20 idle steps (a probe costs 0.5 + 0.1 steps) if
     its reading is affordable, asked only then; never if it is not (a million tokens to read); a free row
     that proposed nothing is not probed; a fixed policy's costly row drafts its k (up to its cap), unprobed."""
     costs = CostModel()
@@ -971,8 +971,8 @@ def test_decide_probes_a_switched_off_costly_row_when_affordable_and_never_a_fre
     rows = [RowPlan(DraftLength("cost", 8, costs, DraftCost()), None, 8, DraftCost(), None, 8, reading(0)),
             RowPlan(DraftLength("cost", 8, costs, DraftCost()), None, 8, DraftCost(), None, 8, reading(10 ** 6)),
             RowPlan(DraftLength("cost", 8, costs), None, 0, None, None, 8, reading(0))]
-    steps = [decide(rows, costs) for _ in range(6)]
-    assert steps == [[0, 0, 0]] * 5 + [[1, 0, 0]]
+    steps = [decide(rows, costs) for _ in range(20)]
+    assert steps == [[0, 0, 0]] * 19 + [[1, 0, 0]]
     assert asked == [0, 10 ** 6]  # each costly row's reading asked once, when its probe was due
     tight = RowPlan(DraftLength("fixed", 8, costs), None, 3, DraftCost(), None, 3)
     assert decide([tight], costs) == [3]
