@@ -23,6 +23,16 @@ from genspec.models.llamacpp import Kernels, LlamaCppLM  # noqa: E402
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [10, 11, 12], [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4], [20, 21, 20, 21, 20]]
 
 
+def assert_plain_greedy_output_with_drafts_accepted(target, drafter, prompts) -> None:
+    """Greedy decoding of ``prompts`` (24 tokens, 4 drafted at every step) with ``drafter`` gives plain decoding's
+    tokens, and some drafted tokens were kept."""
+    plain = [r.token_ids for r in SpeculativeEngine(target).generate_ids(prompts, max_new_tokens=24, eos_token_ids=())]
+    results = SpeculativeEngine(target, drafter).generate_ids(prompts, max_new_tokens=24, eos_token_ids=(),
+                                                               num_draft_tokens=4, draft_length="fixed")
+    assert [r.token_ids for r in results] == plain
+    assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """(target path, draft path, tokenizer): a Q8_0 target and its Q4_0 copy as the draft, whose drafts are mostly
@@ -111,12 +121,7 @@ def test_a_gguf_self_draft_gives_plain_greedy_output(wide, tmp_path, monkeypatch
     kinds = {gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(copy).tensors if len(t.shape) >= 2}
     assert kinds == weight_types
     assert genspec.build_drafter(name, target, **options).model.path == copy  # cached
-    plain = [r.token_ids for r in SpeculativeEngine(target).generate_ids(PROMPTS[:batch], max_new_tokens=24,
-                                                                         eos_token_ids=())]
-    results = SpeculativeEngine(target, drafter).generate_ids(PROMPTS[:batch], max_new_tokens=24, eos_token_ids=(),
-                                                               num_draft_tokens=4, draft_length="fixed")
-    assert [r.token_ids for r in results] == plain
-    assert sum(r.stats.accepted_tokens for r in results) > 0
+    assert_plain_greedy_output_with_drafts_accepted(target, drafter, PROMPTS[:batch])
 
 
 def test_which_kept_layers_slide_is_the_sources_pattern_without_the_dropped_layers():

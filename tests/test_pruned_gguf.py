@@ -13,19 +13,18 @@ llama_cpp = pytest.importorskip("llama_cpp")
 import gguf  # noqa: E402
 import torch  # noqa: E402
 from test_llamacpp import assert_samples_follow_the_exact_law  # noqa: E402
+from test_llamacpp_draft_model import PROMPTS, assert_plain_greedy_output_with_drafts_accepted  # noqa: E402
 from tiny_gguf import write_tiny_gguf  # noqa: E402
 
 import genspec  # noqa: E402
 from genspec.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from genspec.drafters.hierarchical import HierarchicalDrafter  # noqa: E402
-from genspec.engine import SpeculativeEngine  # noqa: E402
 from genspec.errors import ConfigError, InputFileError  # noqa: E402
 from genspec.models import HFCausalLM, variants  # noqa: E402
 from genspec.models.llamacpp import LlamaCppLM  # noqa: E402
 from genspec.models.pruned_gguf import pruned_gguf  # noqa: E402
 from genspec.speculators.store import target_fingerprint  # noqa: E402
 
-PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [10, 11, 12], [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4], [20, 21, 20, 21, 20]]
 SEQUENCE = [5, 6, 7, 8, 9, 10, 11, 12, 5, 6]
 #: a plan for the 3-layer tiny Llama (4 query heads in 2 key/value groups, 128 MLP channels): layer 1 goes,
 #: layer 0 keeps the first group and every other channel, layer 2 the second group and the odd channels
@@ -112,12 +111,7 @@ def test_the_pruned_drafter_on_a_gguf_target_gives_plain_greedy_output(tiny, tmp
     drafter = genspec.build_drafter("pruned", target, path=str(_plan_file(tmp_path, target)))
     assert isinstance(drafter.model, LlamaCppLM) and drafter.model.path.parent == tmp_path / "derived"
     assert drafter.model.num_layers == 2
-    plain = [r.token_ids for r in SpeculativeEngine(target).generate_ids(PROMPTS[:batch], max_new_tokens=24,
-                                                                         eos_token_ids=())]
-    results = SpeculativeEngine(target, drafter).generate_ids(PROMPTS[:batch], max_new_tokens=24, eos_token_ids=(),
-                                                               num_draft_tokens=4, draft_length="fixed")
-    assert [r.token_ids for r in results] == plain
-    assert sum(r.stats.accepted_tokens for r in results) > 0
+    assert_plain_greedy_output_with_drafts_accepted(target, drafter, PROMPTS[:batch])
 
 
 def test_a_pruned_gguf_draft_samples_the_targets_law(tmp_path, monkeypatch):
@@ -176,12 +170,7 @@ def test_hierarchical_stacks_of_gguf_self_drafts_give_plain_greedy_output(wide, 
     assert isinstance(drafter, DraftModelDrafter) and isinstance(drafter.model, LlamaCppLM)
     inner = drafter.inner
     assert inner is not None and (not isinstance(inner, DraftModelDrafter) or isinstance(inner.model, LlamaCppLM))
-    plain = [r.token_ids for r in SpeculativeEngine(target).generate_ids(PROMPTS[:batch], max_new_tokens=24,
-                                                                         eos_token_ids=())]
-    results = SpeculativeEngine(target, drafter).generate_ids(PROMPTS[:batch], max_new_tokens=24, eos_token_ids=(),
-                                                               num_draft_tokens=4, draft_length="fixed")
-    assert [r.token_ids for r in results] == plain
-    assert sum(r.stats.accepted_tokens for r in results) > 0
+    assert_plain_greedy_output_with_drafts_accepted(target, drafter, PROMPTS[:batch])
 
 
 def test_a_hierarchical_stack_of_gguf_self_drafts_samples_the_targets_law(tmp_path, monkeypatch):

@@ -25,8 +25,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, default=200)
     args = parser.parse_args()
-    lm = LlamaCppLM(default_gguf_path(), None, context=args.prompt_tokens + 2 * args.steps * 3 * args.rounds + 8,
-                    max_rows=1)
+    steps_in_all = args.steps * 3 * args.rounds  # each round times 3 modes
+    lm = LlamaCppLM(default_gguf_path(), None, context=args.prompt_tokens + steps_in_all + 1, max_rows=1)
     lm.add_rows([list(range(1000, 1000 + args.prompt_tokens))])
     token = 1234
 

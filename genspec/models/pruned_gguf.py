@@ -198,13 +198,11 @@ def _write(reader, cut: _Cut, healed: dict[str, np.ndarray], path: Path):
     alignment = reader.fields.get("general.alignment")
     if alignment is not None:
         writer.data_alignment = int(alignment.contents())
-    metadata = {str(name): field.contents() for name, field in reader.fields.items()
-                if name in (f"{arch}.block_count", f"{arch}.attention.sliding_window")}
-    total = int(metadata[f"{arch}.block_count"])
-    dropped = tuple(i for i in range(total) if i not in set(cut.layers))
-    pattern = kept_window_pattern({**metadata, "general.architecture": arch,
-                                   f"{arch}.attention.sliding_window_pattern":
-                                   _contents(reader, f"{arch}.attention.sliding_window_pattern")}, dropped)
+    windows = {"general.architecture": arch, **{name: _contents(reader, name) for name in (
+        f"{arch}.block_count", f"{arch}.attention.sliding_window", f"{arch}.attention.sliding_window_pattern")}}
+    kept = set(cut.layers)
+    dropped = tuple(i for i in range(int(windows[f"{arch}.block_count"])) if i not in kept)
+    pattern = kept_window_pattern(windows, dropped)
     changed = {f"{arch}.block_count": len(cut.layers), f"{arch}.attention.head_count": len(cut.q_heads[0]),
                f"{arch}.attention.head_count_kv": len(cut.kv_heads[0]),
                f"{arch}.feed_forward_length": len(cut.channels[0]),
@@ -254,7 +252,7 @@ def _write(reader, cut: _Cut, healed: dict[str, np.ndarray], path: Path):
             values = tensor.data if float_source else gguf.quants.dequantize(tensor.data, kind)
             if rows is not None:
                 values = values[rows]
-            values = np.ascontiguousarray(values[..., columns] if columns is not None else values)
+            values = np.ascontiguousarray(values[..., columns])
             dequantised |= not float_source
             writer.add_tensor(name, values)
     writer.write_header_to_file()
